@@ -1,0 +1,509 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// config is the validated daemon configuration. parseConfig builds it from
+// flags and EP_* variables; nothing else writes it.
+type config struct {
+	BindAddress       string
+	BindPort          int
+	HealthBindAddress string // defaults to BindAddress
+	HealthPort        int
+	Endpoints         []string // "host:port", validated
+
+	HealthInterval time.Duration
+	HealthTimeout  time.Duration
+
+	EnableDiscovery bool
+	Kubeconfig      string // beyond the spec: run discovery outside a pod
+
+	LogLevel          string
+	LivenessInterval  time.Duration
+	LivenessThreshold time.Duration
+	DrainTimeout      time.Duration
+
+	UpstreamSelection string // "random" or "latency"
+	HealthCheck       string // "tcp" or "readyz"
+
+	HealthCheckCAFile     string
+	HealthCheckCertFile   string
+	HealthCheckKeyFile    string
+	HealthCheckTokenFile  string
+	HealthCheckServerName string
+}
+
+// errVersionShown is returned by parseConfig after --version printed the
+// version; the caller exits successfully, as it does for flag.ErrHelp.
+var errVersionShown = errors.New("version shown")
+
+// versionFlag is the one flag without an EP_ variable: printing the version
+// is a command, not configuration a DaemonSet should carry in its environment.
+const versionFlag = "version"
+
+// parseConfig builds the configuration from the command-line arguments
+// (without the program name) and the environment read through getenv.
+// A flag on the command line wins over its EP_ variable, which wins over the
+// default; an empty variable counts as unset. The --help and --version
+// text goes to out; nothing else does. It returns flag.ErrHelp after --help
+// and errVersionShown after --version, which the caller treats as success.
+func parseConfig(args []string, getenv func(string) string, out io.Writer) (*config, error) {
+	cfg := &config{}
+	fs := newFlagSet(cfg)
+	showVersion := fs.Bool(versionFlag, false, "Print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage(out, fs)
+		}
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q: every setting is a flag", fs.Arg(0))
+	}
+	if *showVersion {
+		version, revision := versionInfo()
+		fmt.Fprintf(out, "extractedprism %s (revision %s)\n", version, revision)
+		return nil, errVersionShown
+	}
+
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := applyEnv(fs, getenv, set); err != nil {
+		return nil, err
+	}
+	if !set["health-bind-address"] {
+		cfg.HealthBindAddress = cfg.BindAddress
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// newFlagSet defines every configuration flag on a new flag set that writes
+// into cfg. Defaults are the ones in the operator manual.
+func newFlagSet(cfg *config) *flag.FlagSet {
+	fs := flag.NewFlagSet("extractedprism", flag.ContinueOnError)
+	// Parse errors are returned for the caller to print once; left to the
+	// flag package, they would be printed twice and buried under the usage.
+	fs.SetOutput(io.Discard)
+
+	fs.StringVar(&cfg.BindAddress, "bind-address", "127.0.0.1", "Address for the TCP load balancer listener")
+	fs.IntVar(&cfg.BindPort, "bind-port", 7445, "Port for the TCP load balancer listener")
+	fs.IntVar(&cfg.HealthPort, "health-port", 7446, "Port for the health check HTTP server")
+	fs.StringVar(&cfg.HealthBindAddress, "health-bind-address", "", "Address for the health check HTTP server (default: the value of --bind-address)")
+	fs.Var((*endpointList)(&cfg.Endpoints), "endpoints", "Comma-separated list of API server endpoints (`host:port`); required")
+	fs.DurationVar(&cfg.HealthInterval, "health-interval", 20*time.Second, "Interval between upstream health checks")
+	fs.DurationVar(&cfg.HealthTimeout, "health-timeout", 15*time.Second, "Timeout for each upstream health check")
+	fs.BoolVar(&cfg.EnableDiscovery, "enable-discovery", true, "Enable Kubernetes EndpointSlice discovery (turn off with --enable-discovery=false)")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "Path to a kubeconfig for discovery outside a pod (default: in-cluster configuration)")
+	fs.StringVar(&cfg.LogLevel, "log-level", "info", "Log level (debug, info, warn, error, dpanic, panic, fatal)")
+	fs.DurationVar(&cfg.LivenessInterval, "liveness-interval", 5*time.Second, "Heartbeat probe interval for liveness detection")
+	fs.DurationVar(&cfg.LivenessThreshold, "liveness-threshold", 15*time.Second, "Maximum time since last heartbeat before liveness fails")
+	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 30*time.Second, "Grace period for connections to removed endpoints, and with readyz to unready ones while another upstream is ready, before force close (0 closes immediately)")
+	fs.StringVar(&cfg.UpstreamSelection, "upstream-selection", "random", "How new connections pick an upstream: random or latency")
+	fs.StringVar(&cfg.HealthCheck, "health-check", "tcp", "Upstream health check: tcp (connect only) or readyz (connect, then prefer upstreams answering 200 on GET /readyz)")
+	fs.StringVar(&cfg.HealthCheckCAFile, "health-check-ca-file", "", "CA bundle that verifies the upstream serving certificates; required with readyz")
+	fs.StringVar(&cfg.HealthCheckCertFile, "health-check-cert-file", "", "Client certificate for the readyz probe")
+	fs.StringVar(&cfg.HealthCheckKeyFile, "health-check-key-file", "", "Client key for the readyz probe; may be the same file as the certificate")
+	fs.StringVar(&cfg.HealthCheckTokenFile, "health-check-token-file", "", "Bearer token for the readyz probe")
+	fs.StringVar(&cfg.HealthCheckServerName, "health-check-server-name", "kubernetes.default.svc", "Name the upstream serving certificates are verified against")
+	return fs
+}
+
+// applyEnv sets every flag that is not in set from its EP_ variable, through
+// the flag's own parser, and adds it to set. It reports every malformed
+// variable, each naming the variable and its flag.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string, set map[string]bool) error {
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || f.Name == versionFlag {
+			return
+		}
+		value := getenv(envName(f.Name))
+		if value == "" {
+			return
+		}
+		if err := fs.Set(f.Name, value); err != nil {
+			// The flag package's own error ("parse error") says nothing
+			// useful, so the message names the expected kind instead.
+			errs = append(errs, fmt.Errorf("%s (--%s): invalid %s %q", envName(f.Name), f.Name, valueKind(f), value))
+			return
+		}
+		set[f.Name] = true
+	})
+	return errors.Join(errs...)
+}
+
+// envName is the variable that sets the flag name: EP_ and the name in upper
+// snake case, so --health-check-ca-file is EP_HEALTH_CHECK_CA_FILE.
+func envName(name string) string {
+	return "EP_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// valueKind names what a value of flag f must be, for error messages.
+func valueKind(f *flag.Flag) string {
+	switch name, _ := flag.UnquoteUsage(f); name {
+	case "": // UnquoteUsage leaves the name of boolean flags empty
+		return "boolean"
+	case "int":
+		return "integer"
+	default:
+		return name
+	}
+}
+
+// printUsage writes the --help text to w: one line per flag of fs with its
+// variable, description and default.
+func printUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintf(w, "Usage: %s [flags]\n\n", fs.Name())
+	fmt.Fprintln(w, "Per-node TCP load balancer for the Kubernetes API server.")
+	fmt.Fprintln(w, "Each flag can also be set by the EP_ variable shown next to it;")
+	fmt.Fprintln(w, "a flag on the command line wins over its variable.")
+	fmt.Fprintln(w)
+	fs.VisitAll(func(f *flag.Flag) { fmt.Fprintln(w, usageLine(f)) })
+}
+
+// usageLine describes flag f in one line, for example
+// "  --health-interval duration  (EP_HEALTH_INTERVAL) Interval between upstream health checks (default 20s)".
+func usageLine(f *flag.Flag) string {
+	typeName, description := flag.UnquoteUsage(f)
+	line := "  --" + f.Name
+	if typeName != "" {
+		line += " " + typeName
+	}
+	line += " "
+	if f.Name != versionFlag {
+		line += " (" + envName(f.Name) + ")"
+	}
+	line += " " + description
+	// An empty or false default means "not set" and says nothing.
+	if f.DefValue != "" && f.DefValue != "false" {
+		line += " (default " + f.DefValue + ")"
+	}
+	return line
+}
+
+// endpointList is the flag.Value behind --endpoints and EP_ENDPOINTS: a
+// comma-separated list whose entries it only splits and trims. Entries are
+// judged in validate, so that every problem with them is reported naming
+// both the flag and the variable.
+type endpointList []string
+
+// String returns the list as it would be written on the command line.
+func (l *endpointList) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(*l, ",")
+}
+
+// Set replaces the list, so a repeated --endpoints keeps its last value.
+// A blank value is an empty list; an empty entry, as in "a,,b" or "a,", is
+// kept as "" for validate to reject.
+func (l *endpointList) Set(s string) error {
+	if strings.TrimSpace(s) == "" {
+		*l = nil
+		return nil
+	}
+	entries := strings.Split(s, ",")
+	for i, e := range entries {
+		entries[i] = strings.TrimSpace(e)
+	}
+	*l = entries
+	return nil
+}
+
+// validate checks every rule of the configuration and replaces Endpoints
+// with their normalized form. It reports all violations, one line each,
+// naming the flag and its variable and saying what is allowed.
+func (c *config) validate() error {
+	var errs []error
+	if !validHost(c.BindAddress) {
+		errs = append(errs, flagError("bind-address", "must be an IP address or RFC 1123 hostname: got %q", c.BindAddress))
+	}
+	// An unset --health-bind-address copies --bind-address, whose error
+	// above already covers it.
+	if c.HealthBindAddress != c.BindAddress && !validHost(c.HealthBindAddress) {
+		errs = append(errs, flagError("health-bind-address", "must be an IP address or RFC 1123 hostname: got %q", c.HealthBindAddress))
+	}
+	if endpoints, err := normalizeEndpoints(c.Endpoints); err != nil {
+		errs = append(errs, err)
+	} else {
+		c.Endpoints = endpoints
+	}
+	if c.BindPort < 1 || c.BindPort > 65535 {
+		errs = append(errs, flagError("bind-port", "must be in 1-65535: got %d", c.BindPort))
+	}
+	if c.HealthPort < 1 || c.HealthPort > 65535 {
+		errs = append(errs, flagError("health-port", "must be in 1-65535: got %d", c.HealthPort))
+	}
+	if c.HealthPort == c.BindPort {
+		errs = append(errs, flagError("health-port", "must differ from %s: both are %d", flagRef("bind-port"), c.BindPort))
+	}
+	if c.HealthInterval < time.Second {
+		errs = append(errs, flagError("health-interval", "must be at least 1s: got %v", c.HealthInterval))
+	}
+	if c.HealthTimeout < time.Second {
+		errs = append(errs, flagError("health-timeout", "must be at least 1s: got %v", c.HealthTimeout))
+	}
+	if c.HealthTimeout >= c.HealthInterval {
+		errs = append(errs, flagError("health-timeout", "must be less than %s: got %v >= %v", flagRef("health-interval"), c.HealthTimeout, c.HealthInterval))
+	}
+	if _, err := parseLogLevel(c.LogLevel); err != nil {
+		errs = append(errs, flagError("log-level", "must be one of debug, info, warn, error, dpanic, panic, fatal: got %q", c.LogLevel))
+	}
+	if c.LivenessInterval < time.Second {
+		errs = append(errs, flagError("liveness-interval", "must be at least 1s: got %v", c.LivenessInterval))
+	}
+	if c.LivenessThreshold < time.Second {
+		errs = append(errs, flagError("liveness-threshold", "must be at least 1s: got %v", c.LivenessThreshold))
+	}
+	if c.LivenessThreshold <= c.LivenessInterval {
+		errs = append(errs, flagError("liveness-threshold", "must be greater than %s: got %v <= %v", flagRef("liveness-interval"), c.LivenessThreshold, c.LivenessInterval))
+	}
+	if c.DrainTimeout < 0 {
+		errs = append(errs, flagError("drain-timeout", "must not be negative: got %v", c.DrainTimeout))
+	}
+	if c.UpstreamSelection != "random" && c.UpstreamSelection != "latency" {
+		errs = append(errs, flagError("upstream-selection", "must be random or latency: got %q", c.UpstreamSelection))
+	}
+	if c.HealthCheck != "tcp" && c.HealthCheck != "readyz" {
+		errs = append(errs, flagError("health-check", "must be tcp or readyz: got %q", c.HealthCheck))
+	}
+	if c.HealthCheck == "readyz" && c.HealthCheckCAFile == "" {
+		errs = append(errs, flagError("health-check-ca-file", "is required with %s set to readyz", flagRef("health-check")))
+	}
+	if (c.HealthCheckCertFile == "") != (c.HealthCheckKeyFile == "") {
+		errs = append(errs, flagError("health-check-cert-file", "and %s must be set together: got cert %q, key %q", flagRef("health-check-key-file"), c.HealthCheckCertFile, c.HealthCheckKeyFile))
+	}
+	if strings.TrimSpace(c.HealthCheckServerName) == "" {
+		errs = append(errs, flagError("health-check-server-name", "must not be empty"))
+	}
+	return errors.Join(errs...)
+}
+
+// flagRef names a flag the way every configuration error does: the flag and
+// the variable that also sets it.
+func flagRef(name string) string {
+	return "--" + name + " (" + envName(name) + ")"
+}
+
+// flagError is a validation error about the flag name; format says what is
+// allowed and what was given.
+func flagError(name, format string, args ...any) error {
+	return fmt.Errorf("%s %s", flagRef(name), fmt.Sprintf(format, args...))
+}
+
+// normalizeEndpoints checks the --endpoints entries and returns them
+// normalized, or one error listing every bad entry.
+func normalizeEndpoints(entries []string) ([]string, error) {
+	if len(entries) == 0 {
+		return nil, flagError("endpoints", "must not be empty: want a comma-separated list of host:port")
+	}
+	normalized := make([]string, 0, len(entries))
+	var problems []string
+	for _, e := range entries {
+		n, err := normalizeEndpoint(e)
+		if err != nil {
+			problems = append(problems, err.Error())
+			continue
+		}
+		normalized = append(normalized, n)
+	}
+	if len(problems) > 0 {
+		return nil, flagError("endpoints", "must list host:port pairs with an IP address or RFC 1123 hostname and a port in 1-65535: %s", strings.Join(problems, "; "))
+	}
+	return normalized, nil
+}
+
+// normalizeEndpoint checks one "host:port" endpoint and returns its canonical
+// form, so that one upstream written two ways is one upstream: IP addresses
+// as net/netip prints them, hostnames in lower case, the port without leading
+// zeros. IPv6 addresses must be bracketed, as in [fd00::1]:6443.
+func normalizeEndpoint(s string) (string, error) {
+	host, port, err := splitEndpoint(s)
+	if err != nil {
+		return "", err
+	}
+	if addr, err := netip.ParseAddr(host); err == nil {
+		// EndpointSlices list IPv4 API servers as plain IPv4, so an
+		// IPv4-mapped address would otherwise count as a second upstream.
+		return net.JoinHostPort(addr.Unmap().String(), strconv.FormatUint(port, 10)), nil
+	}
+	if !validHostname(host) {
+		return "", fmt.Errorf("endpoint %q: host %q is not an IP address or RFC 1123 hostname", s, host)
+	}
+	return net.JoinHostPort(strings.ToLower(host), strconv.FormatUint(port, 10)), nil
+}
+
+// splitEndpoint splits s into a non-empty host and a port in 1-65535, with
+// errors that say how to write the endpoint instead.
+func splitEndpoint(s string) (host string, port uint64, err error) {
+	if s == "" {
+		return "", 0, errors.New("empty entry (doubled or trailing comma?)")
+	}
+	host, portText, err := net.SplitHostPort(s)
+	if err != nil {
+		if addr, parseErr := netip.ParseAddr(s); parseErr == nil && addr.Is6() {
+			return "", 0, fmt.Errorf("endpoint %q: an IPv6 address needs brackets and a port, as in [fd00::1]:6443", s)
+		}
+		if strings.Contains(s, "://") {
+			return "", 0, fmt.Errorf("endpoint %q: want host:port without a scheme", s)
+		}
+		return "", 0, fmt.Errorf("endpoint %q: want host:port", s)
+	}
+	if host == "" {
+		return "", 0, fmt.Errorf("endpoint %q: empty host", s)
+	}
+	port, err = strconv.ParseUint(portText, 10, 16)
+	if err != nil || port == 0 {
+		return "", 0, fmt.Errorf("endpoint %q: port must be a number in 1-65535, got %q", s, portText)
+	}
+	return host, port, nil
+}
+
+// validHost reports whether s is an IP address or an RFC 1123 hostname.
+func validHost(s string) bool {
+	if _, err := netip.ParseAddr(s); err == nil {
+		return true
+	}
+	return validHostname(s)
+}
+
+// validHostname reports whether s is an RFC 1123 hostname: at most 253
+// characters of dot-separated labels, in any case.
+func validHostname(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	labels := strings.Split(s, ".")
+	for _, label := range labels {
+		if !validLabel(label) {
+			return false
+		}
+	}
+	// RFC 1123 section 2.1: the highest-level label is never all digits,
+	// so a name cannot look like dotted decimal. This keeps a mistyped IPv4
+	// address such as 10.0.0.256 from passing as a hostname and failing only
+	// when it is dialed.
+	return strings.Trim(labels[len(labels)-1], "0123456789") != ""
+}
+
+// validLabel reports whether label is 1-63 letters, digits and hyphens that
+// neither start nor end with a hyphen.
+func validLabel(label string) bool {
+	if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+		return false
+	}
+	for _, r := range label {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// versionInfo returns the version and revision stamped into the binary with
+// -ldflags "-X main.Version=... -X main.Revision=...", or failing that the
+// ones the go command recorded in the build info, or "devel" and "unknown".
+func versionInfo() (version, revision string) {
+	version, revision = Version, Revision
+	if info, ok := debug.ReadBuildInfo(); ok {
+		if version == "" && info.Main.Version != "(devel)" {
+			version = info.Main.Version
+		}
+		for _, s := range info.Settings {
+			if revision == "" && s.Key == "vcs.revision" {
+				revision = s.Value
+			}
+		}
+	}
+	if version == "" {
+		version = "devel"
+	}
+	if revision == "" {
+		revision = "unknown"
+	}
+	return version, revision
+}
+
+// Levels above slog.LevelError for the three zap level names --log-level
+// accepts besides slog's four. Each is "error or worse": setting --log-level
+// to one of them keeps only records at that level or above, so panic and
+// fatal also silence ordinary errors. They are two apart, as slog's own
+// levels are four apart, to leave room between them.
+//
+//	debug  -> slog.LevelDebug (-4)
+//	info   -> slog.LevelInfo (0)
+//	warn   -> slog.LevelWarn (4)
+//	error  -> slog.LevelError (8)
+//	dpanic -> levelDPanic (10)
+//	panic  -> levelPanic (12)
+//	fatal  -> levelFatal (14)
+const (
+	levelDPanic = slog.LevelError + 2
+	levelPanic  = slog.LevelError + 4
+	levelFatal  = slog.LevelError + 6
+)
+
+// parseLogLevel maps a --log-level name to its slog level, as listed above.
+func parseLogLevel(s string) (slog.Level, error) {
+	switch s {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info":
+		return slog.LevelInfo, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	case "dpanic":
+		return levelDPanic, nil
+	case "panic":
+		return levelPanic, nil
+	case "fatal":
+		return levelFatal, nil
+	}
+	return 0, fmt.Errorf("unknown log level %q", s)
+}
+
+// newLogger returns a logger writing JSON records of at least level to w.
+func newLogger(level slog.Level, w io.Writer) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{
+		Level:       level,
+		ReplaceAttr: nameLevel,
+	}))
+}
+
+// nameLevel is a slog.HandlerOptions.ReplaceAttr that prints the levels
+// above Error by name ("FATAL") instead of as an offset ("ERROR+6").
+func nameLevel(groups []string, a slog.Attr) slog.Attr {
+	if len(groups) > 0 || a.Key != slog.LevelKey {
+		return a
+	}
+	level, ok := a.Value.Any().(slog.Level)
+	if !ok {
+		return a
+	}
+	switch level {
+	case levelDPanic:
+		a.Value = slog.StringValue("DPANIC")
+	case levelPanic:
+		a.Value = slog.StringValue("PANIC")
+	case levelFatal:
+		a.Value = slog.StringValue("FATAL")
+	}
+	return a
+}

@@ -1,0 +1,1186 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// --- EndpointSlice builders ---
+
+func ptrTo[T any](v T) *T { return &v }
+
+func httpsPort(port int32) discoveryv1.EndpointPort {
+	return discoveryv1.EndpointPort{Name: ptrTo("https"), Port: ptrTo(port)}
+}
+
+func endpoint(ready *bool, addrs ...string) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: addrs, Conditions: discoveryv1.EndpointConditions{Ready: ready}}
+}
+
+// kubeSlice is an IPv4 slice of the kubernetes Service with port https/6443
+// and one endpoint per address whose readiness is unknown (nil).
+func kubeSlice(name, resourceVersion string, addrs ...string) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:            name,
+			Namespace:       "default",
+			ResourceVersion: resourceVersion,
+			Labels:          map[string]string{discoveryv1.LabelServiceName: "kubernetes"},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{httpsPort(6443)},
+	}
+	for _, a := range addrs {
+		s.Endpoints = append(s.Endpoints, endpoint(nil, a))
+	}
+	return s
+}
+
+func sliceCache(list ...*discoveryv1.EndpointSlice) map[string]*discoveryv1.EndpointSlice {
+	cache := make(map[string]*discoveryv1.EndpointSlice)
+	for _, s := range list {
+		cache[s.Name] = s
+	}
+	return cache
+}
+
+func TestEndpointsOf(t *testing.T) {
+	tests := []struct {
+		name   string
+		slices []*discoveryv1.EndpointSlice
+		want   []string
+	}{
+		{
+			name:   "no slices",
+			slices: nil,
+			want:   []string{},
+		},
+		{
+			name:   "nil ready is included, sorted",
+			slices: []*discoveryv1.EndpointSlice{kubeSlice("a", "1", "10.0.0.2", "10.0.0.1")},
+			want:   []string{"10.0.0.1:6443", "10.0.0.2:6443"},
+		},
+		{
+			name: "ready false is excluded, ready true included",
+			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
+				s := kubeSlice("a", "1")
+				s.Endpoints = []discoveryv1.Endpoint{
+					endpoint(ptrTo(false), "10.0.0.1"),
+					endpoint(ptrTo(true), "10.0.0.2"),
+				}
+				return s
+			}()},
+			want: []string{"10.0.0.2:6443"},
+		},
+		{
+			name: "multiple slices merge, duplicates across slices removed",
+			slices: []*discoveryv1.EndpointSlice{
+				kubeSlice("a", "1", "10.0.0.1", "10.0.0.2"),
+				kubeSlice("b", "1", "10.0.0.2", "10.0.0.3"),
+			},
+			want: []string{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443"},
+		},
+		{
+			name: "IPv6 addresses are bracketed and canonical",
+			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
+				s := kubeSlice("v6", "1", "fd00:0:0::1", "fd00::2")
+				s.AddressType = discoveryv1.AddressTypeIPv6
+				return s
+			}()},
+			want: []string{"[fd00::1]:6443", "[fd00::2]:6443"},
+		},
+		{
+			name: "FQDN slices are ignored",
+			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
+				s := kubeSlice("fqdn", "1", "api.example.com")
+				s.AddressType = discoveryv1.AddressTypeFQDN
+				return s
+			}()},
+			want: []string{},
+		},
+		{
+			name: "each slice uses its own port",
+			slices: []*discoveryv1.EndpointSlice{
+				kubeSlice("a", "1", "10.0.0.1"),
+				func() *discoveryv1.EndpointSlice {
+					s := kubeSlice("b", "1", "10.0.0.2")
+					s.Ports = []discoveryv1.EndpointPort{httpsPort(8443)}
+					return s
+				}(),
+			},
+			want: []string{"10.0.0.1:6443", "10.0.0.2:8443"},
+		},
+		{
+			name: "the port named https is chosen among several",
+			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
+				s := kubeSlice("a", "1", "10.0.0.1")
+				s.Ports = []discoveryv1.EndpointPort{
+					{Name: ptrTo("metrics"), Port: ptrTo(int32(9000))},
+					httpsPort(6443),
+				}
+				return s
+			}()},
+			want: []string{"10.0.0.1:6443"},
+		},
+		{
+			name: "a single unnamed port is used",
+			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
+				s := kubeSlice("a", "1", "10.0.0.1")
+				s.Ports = []discoveryv1.EndpointPort{{Port: ptrTo(int32(443))}}
+				return s
+			}()},
+			want: []string{"10.0.0.1:443"},
+		},
+		{
+			name: "a slice without an https port contributes nothing",
+			slices: []*discoveryv1.EndpointSlice{
+				kubeSlice("a", "1", "10.0.0.1"),
+				func() *discoveryv1.EndpointSlice {
+					s := kubeSlice("b", "1", "10.0.0.2")
+					s.Ports = []discoveryv1.EndpointPort{
+						{Name: ptrTo("http"), Port: ptrTo(int32(80))},
+						{Name: ptrTo("metrics"), Port: ptrTo(int32(9000))},
+					}
+					return s
+				}(),
+				func() *discoveryv1.EndpointSlice {
+					s := kubeSlice("c", "1", "10.0.0.3")
+					s.Ports = nil
+					return s
+				}(),
+			},
+			want: []string{"10.0.0.1:6443"},
+		},
+		{
+			name: "addresses that are not IPs are skipped",
+			slices: []*discoveryv1.EndpointSlice{
+				kubeSlice("a", "1", "10.0.0.1", "not-an-ip"),
+			},
+			want: []string{"10.0.0.1:6443"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := endpointsOf(sliceCache(tc.slices...))
+			if got == nil || !slices.Equal(got, tc.want) {
+				t.Errorf("got %#v; want %#v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestNextReconnectStep(t *testing.T) {
+	// Every combination, so that a new rule cannot silently change another.
+	tests := []struct {
+		end           watchEnd
+		long, rewatch bool
+		want          reconnectStep
+	}{
+		{endClosed, false, false, reconnectStep{wait: true}},
+		{endClosed, false, true, reconnectStep{resetBackoff: true, wait: true}},
+		{endClosed, true, false, reconnectStep{resetBackoff: true}},
+		{endClosed, true, true, reconnectStep{resetBackoff: true}},
+		{endError, false, false, reconnectStep{wait: true}},
+		{endError, false, true, reconnectStep{resetBackoff: true, wait: true}},
+		{endError, true, false, reconnectStep{resetBackoff: true, wait: true}},
+		{endError, true, true, reconnectStep{resetBackoff: true, wait: true}},
+		{endGone, false, false, reconnectStep{relist: true, wait: true}},
+		{endGone, false, true, reconnectStep{relist: true, resetBackoff: true}},
+		{endGone, true, false, reconnectStep{relist: true, resetBackoff: true}},
+		{endGone, true, true, reconnectStep{relist: true, resetBackoff: true}},
+	}
+	for _, tc := range tests {
+		if got := nextReconnectStep(tc.end, tc.long, tc.rewatch); got != tc.want {
+			t.Errorf("nextReconnectStep(%d, long=%v, rewatch=%v): got %+v; want %+v", tc.end, tc.long, tc.rewatch, got, tc.want)
+		}
+	}
+}
+
+// --- kubernetes provider harness ---
+
+// listCall and watchCall are List and Watch calls the provider made. The
+// reactor that received one blocks until the test replies, so the test knows
+// exactly when, in the bubble's fake time, each call happened.
+type listCall struct {
+	at        time.Time
+	namespace string
+	opts      metav1.ListOptions
+	reply     chan listReply
+}
+
+type listReply struct {
+	list *discoveryv1.EndpointSliceList
+	err  error
+}
+
+type watchCall struct {
+	at        time.Time
+	namespace string
+	opts      metav1.ListOptions
+	reply     chan watchReply
+}
+
+type watchReply struct {
+	watcher watch.Interface
+	err     error
+}
+
+var errTestOver = errors.New("test over")
+
+type kubeHarness struct {
+	t       *testing.T
+	m       *metrics
+	out     chan []string
+	lists   chan listCall
+	watches chan watchCall
+}
+
+// startKube runs a kubernetes provider with a fake clientset and jitter
+// source. It must be called inside a synctest bubble; the provider is
+// stopped and awaited when the test ends, and must have returned nil.
+func startKube(t *testing.T, jitter float64) *kubeHarness {
+	t.Helper()
+	h := &kubeHarness{
+		t:       t,
+		m:       newMetrics(prometheus.NewRegistry()),
+		out:     make(chan []string, 100),
+		lists:   make(chan listCall),
+		watches: make(chan watchCall),
+	}
+	over := make(chan struct{})
+	client := fake.NewClientset()
+	client.PrependReactor("list", "endpointslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		call := listCall{
+			at:        time.Now(),
+			namespace: action.GetNamespace(),
+			opts:      action.(k8stesting.ListActionImpl).ListOptions,
+			reply:     make(chan listReply),
+		}
+		select {
+		case h.lists <- call:
+		case <-over:
+			return true, nil, errTestOver
+		}
+		select {
+		case r := <-call.reply:
+			if r.list == nil {
+				return true, nil, r.err
+			}
+			return true, r.list, r.err
+		case <-over:
+			return true, nil, errTestOver
+		}
+	})
+	client.PrependWatchReactor("endpointslices", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		call := watchCall{
+			at:        time.Now(),
+			namespace: action.GetNamespace(),
+			opts:      action.(k8stesting.WatchActionImpl).ListOptions,
+			reply:     make(chan watchReply),
+		}
+		select {
+		case h.watches <- call:
+		case <-over:
+			return true, nil, errTestOver
+		}
+		select {
+		case r := <-call.reply:
+			return true, r.watcher, r.err
+		case <-over:
+			return true, nil, errTestOver
+		}
+	})
+
+	w := newKubeWatcher(client, testLogger(t), h.m, func() float64 { return jitter })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.run(ctx, h.out) }()
+	t.Cleanup(func() {
+		cancel()
+		close(over)
+		if err := <-done; err != nil {
+			t.Errorf("run: got %v; want nil", err)
+		}
+	})
+	return h
+}
+
+func (h *kubeHarness) nextList() listCall {
+	h.t.Helper()
+	select {
+	case c := <-h.lists:
+		return c
+	case <-time.After(time.Hour):
+		h.t.Fatal("no List call within an hour")
+		return listCall{}
+	}
+}
+
+func (h *kubeHarness) nextWatch() watchCall {
+	h.t.Helper()
+	select {
+	case c := <-h.watches:
+		return c
+	case <-time.After(time.Hour):
+		h.t.Fatal("no Watch call within an hour")
+		return watchCall{}
+	}
+}
+
+// answerList waits for a List call and answers it with the slices.
+func (h *kubeHarness) answerList(resourceVersion string, items ...*discoveryv1.EndpointSlice) listCall {
+	h.t.Helper()
+	c := h.nextList()
+	list := &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: resourceVersion}}
+	for _, s := range items {
+		list.Items = append(list.Items, *s)
+	}
+	c.reply <- listReply{list: list}
+	return c
+}
+
+// failList waits for a List call and fails it.
+func (h *kubeHarness) failList(err error) listCall {
+	h.t.Helper()
+	c := h.nextList()
+	c.reply <- listReply{err: err}
+	return c
+}
+
+// openWatch waits for a Watch call and answers it with a fake watcher the
+// test drives.
+func (h *kubeHarness) openWatch() (*watch.RaceFreeFakeWatcher, watchCall) {
+	h.t.Helper()
+	c := h.nextWatch()
+	fw := watch.NewRaceFreeFake()
+	c.reply <- watchReply{watcher: fw}
+	return fw, c
+}
+
+// failWatch waits for a Watch call and fails it.
+func (h *kubeHarness) failWatch(err error) watchCall {
+	h.t.Helper()
+	c := h.nextWatch()
+	c.reply <- watchReply{err: err}
+	return c
+}
+
+// expectOut checks that the next list the provider sent is want.
+func (h *kubeHarness) expectOut(want ...string) {
+	h.t.Helper()
+	select {
+	case got := <-h.out:
+		if !slices.Equal(got, want) {
+			h.t.Errorf("sent %q; want %q", got, want)
+		}
+	case <-time.After(time.Hour):
+		h.t.Fatalf("nothing sent; want %q", want)
+	}
+}
+
+// expectNoOut checks that the provider has sent nothing more.
+func (h *kubeHarness) expectNoOut() {
+	h.t.Helper()
+	synctest.Wait()
+	select {
+	case got := <-h.out:
+		h.t.Errorf("sent %q; want nothing", got)
+	default:
+	}
+}
+
+func (h *kubeHarness) errorsTotal() float64 {
+	return testutil.ToFloat64(h.m.discoveryErrors.WithLabelValues(kubeProviderName))
+}
+
+// start answers the initial List with one slice and consumes its list.
+func (h *kubeHarness) start() {
+	h.t.Helper()
+	h.answerList("1", kubeSlice("a", "1", "10.0.0.1"))
+	h.expectOut("10.0.0.1:6443")
+}
+
+var errUnavailable = apierrors.NewServiceUnavailable("etcd is unavailable")
+
+// statusEvent is the object of a watch error event.
+func statusEvent(code int32, reason metav1.StatusReason) *metav1.Status {
+	return &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: string(reason)}
+}
+
+var (
+	goneEvent  = statusEvent(http.StatusGone, metav1.StatusReasonExpired)
+	errorEvent = statusEvent(http.StatusInternalServerError, metav1.StatusReasonInternalError)
+	goneErr    = apierrors.NewGone("too old resource version")
+)
+
+func TestKubeBackoffSteps(t *testing.T) {
+	tests := []struct {
+		name        string
+		jitter      float64
+		wantTimeout int64
+		want        []time.Duration
+	}{
+		{
+			name:        "no jitter",
+			jitter:      0,
+			wantTimeout: 300,
+			want: []time.Duration{
+				1 * time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second,
+				16 * time.Second, 30 * time.Second, 30 * time.Second,
+			},
+		},
+		{
+			// Up to 25 % on top: 0.999 of it.
+			name:        "maximum jitter",
+			jitter:      0.999,
+			wantTimeout: 599,
+			want: []time.Duration{
+				1249750 * time.Microsecond, 2499500 * time.Microsecond, 4999 * time.Millisecond,
+				9998 * time.Millisecond, 19996 * time.Millisecond, 37492500 * time.Microsecond,
+				37492500 * time.Microsecond,
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := startKube(t, tc.jitter)
+				h.start()
+				last := h.failWatch(errUnavailable)
+				if got := *last.opts.TimeoutSeconds; got != tc.wantTimeout {
+					t.Errorf("watch TimeoutSeconds: got %v; want %v", got, tc.wantTimeout)
+				}
+				for i, want := range tc.want {
+					c := h.failWatch(errUnavailable)
+					if got := c.at.Sub(last.at); got != want {
+						t.Errorf("delay %d: got %v; want %v", i+1, got, want)
+					}
+					last = c
+				}
+				synctest.Wait()
+				if got, want := h.errorsTotal(), float64(len(tc.want)+1); got != want {
+					t.Errorf("discovery_errors_total: got %v; want %v", got, want)
+				}
+			})
+		})
+	}
+}
+
+func TestKubeReconnectRules(t *testing.T) {
+	type outcome int
+	const (
+		callError  outcome = iota // the Watch call fails
+		callGone                  // the Watch call fails with 410
+		closeAfter                // the stream closes cleanly after hold
+		errorAfter                // an error event after hold
+		goneAfter                 // a 410 event after hold
+	)
+	tests := []struct {
+		name           string
+		failures       int  // failed Watch calls first, each advancing the backoff
+		afterLongClose bool // then a watch open 30 s that closes cleanly
+		outcome        outcome
+		hold           time.Duration
+		wantRelist     bool          // a List right after the outcome
+		wantDelay      time.Duration // outcome (or re-list) to the next Watch
+		wantThen       time.Duration // the delay after that Watch fails too
+		wantCounted    bool          // the outcome counts in discovery_errors_total
+	}{
+		{
+			name:     "clean close after 30s re-watches at once",
+			failures: 2, outcome: closeAfter, hold: 30 * time.Second,
+			wantDelay: 0, wantThen: time.Second, wantCounted: false,
+		},
+		{
+			name:     "clean close after 29s backs off",
+			failures: 0, outcome: closeAfter, hold: 29 * time.Second,
+			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: false,
+		},
+		{
+			name:     "clean close after 29s continues the backoff",
+			failures: 2, outcome: closeAfter, hold: 29 * time.Second,
+			wantDelay: 4 * time.Second, wantThen: 8 * time.Second, wantCounted: false,
+		},
+		{
+			name:     "failed Watch call backs off",
+			failures: 0, outcome: callError,
+			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: true,
+		},
+		{
+			name:     "error event after 30s restarts the backoff at 1s",
+			failures: 3, outcome: errorAfter, hold: 30 * time.Second,
+			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: true,
+		},
+		{
+			name:     "error event after 29s continues the backoff",
+			failures: 3, outcome: errorAfter, hold: 29 * time.Second,
+			wantDelay: 8 * time.Second, wantThen: 16 * time.Second, wantCounted: true,
+		},
+		{
+			name:     "failed re-watch after a long clean close starts at 1s",
+			failures: 3, afterLongClose: true, outcome: callError,
+			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: true,
+		},
+		{
+			name:     "410 ending a watch open 30s re-lists and re-watches at once",
+			failures: 3, outcome: goneAfter, hold: 30 * time.Second,
+			wantRelist: true, wantDelay: 0, wantThen: time.Second, wantCounted: false,
+		},
+		{
+			name:     "410 ending a watch open 29s re-lists then backs off",
+			failures: 2, outcome: goneAfter, hold: 29 * time.Second,
+			wantRelist: true, wantDelay: 4 * time.Second, wantThen: 8 * time.Second, wantCounted: false,
+		},
+		{
+			name:     "410 from the re-watch call after a long clean close re-watches at once",
+			failures: 2, afterLongClose: true, outcome: callGone,
+			wantRelist: true, wantDelay: 0, wantThen: time.Second, wantCounted: false,
+		},
+		{
+			name:     "410 event on the re-watch after a long clean close re-watches at once",
+			failures: 2, afterLongClose: true, outcome: goneAfter, hold: 5 * time.Second,
+			wantRelist: true, wantDelay: 0, wantThen: time.Second, wantCounted: false,
+		},
+		{
+			name:     "410 from a Watch call otherwise re-lists then backs off",
+			failures: 2, outcome: callGone,
+			wantRelist: true, wantDelay: 4 * time.Second, wantThen: 8 * time.Second, wantCounted: false,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := startKube(t, 0)
+				h.start()
+				for range tc.failures {
+					h.failWatch(errUnavailable)
+				}
+				if tc.afterLongClose {
+					fw, _ := h.openWatch()
+					time.Sleep(longWatch)
+					fw.Stop()
+				}
+
+				var ended time.Time
+				switch tc.outcome {
+				case callError:
+					ended = h.failWatch(errUnavailable).at
+				case callGone:
+					ended = h.failWatch(goneErr).at
+				default:
+					fw, c := h.openWatch()
+					time.Sleep(tc.hold)
+					switch tc.outcome {
+					case closeAfter:
+						fw.Stop()
+					case errorAfter:
+						fw.Error(errorEvent)
+					case goneAfter:
+						fw.Error(goneEvent)
+					}
+					ended = c.at.Add(tc.hold)
+				}
+
+				if tc.wantRelist {
+					c := h.answerList("50", kubeSlice("a", "50", "10.0.0.1"))
+					if got := c.at.Sub(ended); got != 0 {
+						t.Errorf("re-list delay: got %v; want 0", got)
+					}
+				}
+				next := h.failWatch(errUnavailable)
+				if got := next.at.Sub(ended); got != tc.wantDelay {
+					t.Errorf("delay to the next Watch: got %v; want %v", got, tc.wantDelay)
+				}
+				if tc.wantRelist && next.opts.ResourceVersion != "50" {
+					t.Errorf("Watch after re-list from resourceVersion: got %q; want %q", next.opts.ResourceVersion, "50")
+				}
+				then := h.nextWatch()
+				if got := then.at.Sub(next.at); got != tc.wantThen {
+					t.Errorf("delay after that: got %v; want %v", got, tc.wantThen)
+				}
+				then.reply <- watchReply{err: errUnavailable}
+				synctest.Wait()
+				// The failures before, the outcome if it counts, and the two
+				// failed Watch calls after it.
+				want := float64(tc.failures + 2)
+				if tc.wantCounted {
+					want++
+				}
+				if got := h.errorsTotal(); got != want {
+					t.Errorf("discovery_errors_total: got %v; want %v", got, want)
+				}
+			})
+		})
+	}
+}
+
+func TestKubeInitialListRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startKube(t, 0)
+		first := h.failList(errUnavailable)
+		if first.namespace != "default" || first.opts.LabelSelector != "kubernetes.io/service-name=kubernetes" {
+			t.Errorf("List in %q with selector %q; want %q with %q",
+				first.namespace, first.opts.LabelSelector, "default", "kubernetes.io/service-name=kubernetes")
+		}
+		last := first
+		for i, want := range []time.Duration{time.Second, 2 * time.Second} {
+			c := h.failList(errUnavailable)
+			if got := c.at.Sub(last.at); got != want {
+				t.Errorf("list retry %d: got %v; want %v", i+1, got, want)
+			}
+			last = c
+		}
+		h.expectNoOut()
+		ok := h.answerList("7", kubeSlice("a", "7", "10.0.0.1"))
+		if got, want := ok.at.Sub(last.at), 4*time.Second; got != want {
+			t.Errorf("list retry 3: got %v; want %v", got, want)
+		}
+		h.expectOut("10.0.0.1:6443")
+		w := h.failWatch(errUnavailable)
+		if got := w.at.Sub(ok.at); got != 0 {
+			t.Errorf("delay from a successful List to the Watch: got %v; want 0", got)
+		}
+		synctest.Wait()
+		if got, want := h.errorsTotal(), 4.0; got != want {
+			t.Errorf("discovery_errors_total: got %v; want %v", got, want)
+		}
+	})
+}
+
+func TestKubeRelistFailureRetried(t *testing.T) {
+	tests := []struct {
+		name      string
+		hold      time.Duration // how long the watch was open before the 410
+		wantWatch time.Duration // from the successful re-list to the Watch
+	}{
+		{name: "410 after a short watch", hold: 0, wantWatch: 2 * time.Second},
+		{name: "410 after a long watch", hold: 30 * time.Second, wantWatch: 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := startKube(t, 0)
+				h.start()
+				fw, _ := h.openWatch()
+				time.Sleep(tc.hold)
+				fw.Error(goneEvent)
+				failed := h.failList(errUnavailable)
+				ok := h.answerList("9", kubeSlice("a", "9", "10.0.0.1"), kubeSlice("b", "9", "10.0.0.2"))
+				if got, want := ok.at.Sub(failed.at), time.Second; got != want {
+					t.Errorf("re-list retry: got %v; want %v", got, want)
+				}
+				h.expectOut("10.0.0.1:6443", "10.0.0.2:6443")
+				w := h.failWatch(errUnavailable)
+				if got := w.at.Sub(ok.at); got != tc.wantWatch {
+					t.Errorf("delay from re-list to Watch: got %v; want %v", got, tc.wantWatch)
+				}
+				synctest.Wait()
+				// The failed re-list and the failed Watch; the 410 is not counted.
+				if got, want := h.errorsTotal(), 2.0; got != want {
+					t.Errorf("discovery_errors_total: got %v; want %v", got, want)
+				}
+			})
+		})
+	}
+}
+
+func TestKubeWatchOptionsAndBookmarks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startKube(t, 0)
+		h.answerList("10", kubeSlice("a", "10", "10.0.0.1"))
+		h.expectOut("10.0.0.1:6443")
+
+		fw, c := h.openWatch()
+		if c.namespace != "default" {
+			t.Errorf("Watch namespace: got %q; want %q", c.namespace, "default")
+		}
+		if got, want := c.opts.LabelSelector, "kubernetes.io/service-name=kubernetes"; got != want {
+			t.Errorf("Watch LabelSelector: got %q; want %q", got, want)
+		}
+		if !c.opts.AllowWatchBookmarks {
+			t.Errorf("Watch AllowWatchBookmarks: got false; want true")
+		}
+		if c.opts.TimeoutSeconds == nil || *c.opts.TimeoutSeconds != 300 {
+			t.Errorf("Watch TimeoutSeconds: got %v; want 300", c.opts.TimeoutSeconds)
+		}
+		if got, want := c.opts.ResourceVersion, "10"; got != want {
+			t.Errorf("first Watch resourceVersion: got %q; want %q", got, want)
+		}
+
+		fw.Action(watch.Bookmark, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "20"}})
+		h.expectNoOut()
+		fw.Stop()
+		fw, c = h.openWatch()
+		if got, want := c.opts.ResourceVersion, "20"; got != want {
+			t.Errorf("Watch after bookmark resourceVersion: got %q; want %q", got, want)
+		}
+
+		fw.Modify(kubeSlice("a", "30", "10.0.0.5"))
+		h.expectOut("10.0.0.5:6443")
+		fw.Stop()
+		_, c = h.openWatch()
+		if got, want := c.opts.ResourceVersion, "30"; got != want {
+			t.Errorf("Watch after modify resourceVersion: got %q; want %q", got, want)
+		}
+		synctest.Wait()
+		if got := h.errorsTotal(); got != 0 {
+			t.Errorf("discovery_errors_total after clean closes: got %v; want 0", got)
+		}
+	})
+}
+
+func TestKubeWatchEvents(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startKube(t, 0)
+		h.answerList("1", kubeSlice("a", "1", "10.0.0.1", "10.0.0.2"))
+		h.expectOut("10.0.0.1:6443", "10.0.0.2:6443")
+		fw, _ := h.openWatch()
+
+		fw.Add(kubeSlice("b", "2", "10.0.0.3", "10.0.0.2"))
+		h.expectOut("10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443")
+
+		b := kubeSlice("b", "3")
+		b.Endpoints = []discoveryv1.Endpoint{endpoint(ptrTo(false), "10.0.0.3"), endpoint(nil, "10.0.0.4")}
+		fw.Modify(b)
+		h.expectOut("10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.4:6443")
+
+		// A change that leaves the endpoints as they are sends nothing.
+		fw.Modify(kubeSlice("a", "4", "10.0.0.2", "10.0.0.1"))
+		h.expectNoOut()
+
+		fw.Delete(kubeSlice("a", "5"))
+		h.expectOut("10.0.0.4:6443")
+
+		// The provider may send an empty list; the merged provider skips it.
+		fw.Delete(kubeSlice("b", "6"))
+		h.expectOut()
+
+		fw.Error(errorEvent)
+		synctest.Wait()
+		if got := h.errorsTotal(); got != 1 {
+			t.Errorf("discovery_errors_total after an error event: got %v; want 1", got)
+		}
+		h.openWatch()
+	})
+}
+
+// --- merged provider ---
+
+// scriptedProvider sends the lists the test puts on lists; closing lists
+// makes run return err.
+type scriptedProvider struct {
+	pname  string
+	lists  chan []string
+	err    error
+	exited chan struct{}
+}
+
+func newScripted(name string, err error) *scriptedProvider {
+	return &scriptedProvider{pname: name, lists: make(chan []string), err: err, exited: make(chan struct{})}
+}
+
+func (p *scriptedProvider) name() string { return p.pname }
+
+func (p *scriptedProvider) run(ctx context.Context, out chan<- []string) error {
+	defer close(p.exited)
+	for {
+		select {
+		case l, ok := <-p.lists:
+			if !ok {
+				return p.err
+			}
+			select {
+			case out <- l:
+			case <-ctx.Done():
+				return nil
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+type mergedHarness struct {
+	m      *metrics
+	out    chan []string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startMerged runs a merged provider inside the bubble; the test stops it.
+func startMerged(t *testing.T, out chan []string, providers ...provider) *mergedHarness {
+	h := &mergedHarness{m: newMetrics(prometheus.NewRegistry()), out: out, done: make(chan error, 1)}
+	mp := newMergedProvider(testLogger(t), h.m, providers...)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.done <- mp.run(ctx, out) }()
+	t.Cleanup(cancel)
+	return h
+}
+
+// sent returns what the merged provider has sent so far.
+func (h *mergedHarness) sent() [][]string {
+	synctest.Wait()
+	var got [][]string
+	for {
+		select {
+		case l := <-h.out:
+			got = append(got, l)
+		default:
+			return got
+		}
+	}
+}
+
+func (h *mergedHarness) stop(t *testing.T) {
+	t.Helper()
+	h.cancel()
+	if err := <-h.done; err != nil {
+		t.Errorf("run after cancel: got %v; want nil", err)
+	}
+}
+
+func (h *mergedHarness) updates(name string) float64 {
+	return testutil.ToFloat64(h.m.discoveryUpdates.WithLabelValues(name))
+}
+
+func (h *mergedHarness) errorsOf(name string) float64 {
+	return testutil.ToFloat64(h.m.discoveryErrors.WithLabelValues(name))
+}
+
+func equalLists(a, b [][]string) bool {
+	return slices.EqualFunc(a, b, func(x, y []string) bool { return slices.Equal(x, y) })
+}
+
+func TestStaticProvider(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newStaticProvider([]string{"[fd00:0::1]:6443", "10.0.0.1:6443", "api.example.com:6443"})
+		if got := p.name(); got != "static" {
+			t.Errorf("name: got %q; want %q", got, "static")
+		}
+		out := make(chan []string, 10)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- p.run(ctx, out) }()
+		synctest.Wait()
+		if got, want := len(out), 1; got != want {
+			t.Fatalf("lists sent: got %v; want %v", got, want)
+		}
+		if got, want := <-out, []string{"[fd00::1]:6443", "10.0.0.1:6443", "api.example.com:6443"}; !slices.Equal(got, want) {
+			t.Errorf("got %q; want %q", got, want)
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run returned %v before cancellation; want it to block", err)
+		default:
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run after cancel: got %v; want nil", err)
+		}
+	})
+}
+
+func TestMergedDeduplicatesAcrossProviders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kube := newScripted(kubeProviderName, nil)
+		h := startMerged(t, make(chan []string, 10),
+			newStaticProvider([]string{"10.0.0.2:6443", "10.0.0.1:6443"}), kube)
+		if got, want := h.sent(), [][]string{{"10.0.0.1:6443", "10.0.0.2:6443"}}; !equalLists(got, want) {
+			t.Errorf("after static: got %q; want %q", got, want)
+		}
+		kube.lists <- []string{"10.0.0.3:6443", "10.0.0.1:6443"}
+		if got, want := h.sent(), [][]string{{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443"}}; !equalLists(got, want) {
+			t.Errorf("after kubernetes: got %q; want %q", got, want)
+		}
+		// The union is unchanged, so nothing is sent.
+		kube.lists <- []string{"10.0.0.3:6443", "10.0.0.2:6443"}
+		if got := h.sent(); len(got) != 0 {
+			t.Errorf("after an unchanged union: got %q; want nothing", got)
+		}
+		kube.lists <- []string{"10.0.0.1:6443"}
+		if got, want := h.sent(), [][]string{{"10.0.0.1:6443", "10.0.0.2:6443"}}; !equalLists(got, want) {
+			t.Errorf("after kubernetes shrank: got %q; want %q", got, want)
+		}
+		if got, want := h.updates("static"), 1.0; got != want {
+			t.Errorf("discovery_updates_total{static}: got %v; want %v", got, want)
+		}
+		if got, want := h.updates("kubernetes"), 3.0; got != want {
+			t.Errorf("discovery_updates_total{kubernetes}: got %v; want %v", got, want)
+		}
+		h.stop(t)
+	})
+}
+
+func TestMergedNeverSendsEmpty(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := newScripted("a", nil), newScripted("b", nil)
+		h := startMerged(t, make(chan []string, 10), a, b)
+		a.lists <- []string{}
+		b.lists <- nil
+		if got := h.sent(); len(got) != 0 {
+			t.Errorf("with only empty lists: got %q; want nothing", got)
+		}
+		a.lists <- []string{"10.0.0.1:6443"}
+		if got, want := h.sent(), [][]string{{"10.0.0.1:6443"}}; !equalLists(got, want) {
+			t.Errorf("got %q; want %q", got, want)
+		}
+		a.lists <- []string{}
+		if got := h.sent(); len(got) != 0 {
+			t.Errorf("after the only endpoints went away: got %q; want nothing", got)
+		}
+		if got, want := h.updates("a"), 3.0; got != want {
+			t.Errorf("discovery_updates_total{a}: got %v; want %v", got, want)
+		}
+		h.stop(t)
+	})
+}
+
+func TestMergedIsolatesFailedProvider(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kubeErr := errors.New("kubernetes broke")
+		kube := newScripted(kubeProviderName, kubeErr)
+		h := startMerged(t, make(chan []string, 10), kube,
+			newStaticProvider([]string{"10.0.0.1:6443"}))
+		kube.lists <- []string{"10.0.0.9:6443"}
+		h.sent()
+		close(kube.lists)
+		<-kube.exited
+		synctest.Wait()
+		select {
+		case err := <-h.done:
+			t.Fatalf("run returned %v after one of two providers failed; want it to go on", err)
+		default:
+		}
+		if got, want := h.errorsOf(kubeProviderName), 1.0; got != want {
+			t.Errorf("discovery_errors_total{kubernetes}: got %v; want %v", got, want)
+		}
+		if got := h.errorsOf(staticProviderName); got != 0 {
+			t.Errorf("discovery_errors_total{static}: got %v; want 0", got)
+		}
+		// The failed provider's last list stays; nothing changes.
+		if got := h.sent(); len(got) != 0 {
+			t.Errorf("after the failure: got %q; want nothing", got)
+		}
+		h.stop(t)
+	})
+}
+
+func TestMergedAllFailed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		errA, errB := errors.New("a broke"), errors.New("b broke")
+		a, b := newScripted("a", errA), newScripted("b", errB)
+		h := startMerged(t, make(chan []string, 10), a, b)
+		a.lists <- []string{"10.0.0.1:6443"}
+		close(a.lists)
+		close(b.lists)
+		err := <-h.done
+		if !errors.Is(err, errA) || !errors.Is(err, errB) {
+			t.Errorf("got %v; want an error wrapping %v and %v", err, errA, errB)
+		}
+		if got := h.errorsOf("a") + h.errorsOf("b"); got != 2 {
+			t.Errorf("discovery_errors_total{a}+{b}: got %v; want 2", got)
+		}
+		if got, want := h.updates("a"), 1.0; got != want {
+			t.Errorf("discovery_updates_total{a}: got %v; want %v", got, want)
+		}
+	})
+}
+
+func TestMergedCancelWhileSending(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newScripted("a", nil)
+		// Nobody reads out, so the merged provider blocks sending on it.
+		h := startMerged(t, make(chan []string), a, newStaticProvider([]string{"10.0.0.1:6443"}))
+		synctest.Wait()
+		h.stop(t)
+		// run waits for its providers before it returns.
+		select {
+		case <-a.exited:
+		default:
+			t.Errorf("provider still running after run returned")
+		}
+	})
+}
+
+func TestMergedWithoutProviders(t *testing.T) {
+	mp := newMergedProvider(testLogger(t), newMetrics(prometheus.NewRegistry()))
+	if err := mp.run(t.Context(), make(chan []string)); err == nil {
+		t.Errorf("got nil; want an error")
+	}
+}
+
+// --- client configuration ---
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testKubeconfig is a kubeconfig whose server is an address the client must
+// never use.
+func testKubeconfig(t *testing.T, tlsServerName string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	content := `apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster:
+    server: https://192.0.2.10:6443
+` + tlsServerName + `
+users:
+- name: u
+  user:
+    token: secret-token
+contexts:
+- name: ctx
+  context:
+    cluster: c
+    user: u
+current-context: ctx
+`
+	writeFile(t, path, content)
+	return path
+}
+
+func TestKubeRESTConfig(t *testing.T) {
+	saDir := t.TempDir()
+	writeFile(t, filepath.Join(saDir, "token"), "sa-token")
+	writeFile(t, filepath.Join(saDir, "ca.crt"), "not read here")
+
+	tests := []struct {
+		name           string
+		cfg            kubeProviderConfig
+		saDir          string
+		wantHost       string
+		wantServerName string
+		wantToken      string
+		wantTokenFile  string
+		wantCAFile     string
+	}{
+		{
+			name: "kubeconfig server is replaced",
+			cfg: kubeProviderConfig{LocalAddr: "127.0.0.1:7445", ServerName: "kubernetes.default.svc",
+				Kubeconfig: testKubeconfig(t, "")},
+			saDir:    t.TempDir(),
+			wantHost: "https://127.0.0.1:7445", wantServerName: "kubernetes.default.svc", wantToken: "secret-token",
+		},
+		{
+			name: "kubeconfig server name is kept",
+			cfg: kubeProviderConfig{LocalAddr: "127.0.0.1:7445", ServerName: "kubernetes.default.svc",
+				Kubeconfig: testKubeconfig(t, "    tls-server-name: api.example.com")},
+			saDir:    t.TempDir(),
+			wantHost: "https://127.0.0.1:7445", wantServerName: "api.example.com", wantToken: "secret-token",
+		},
+		{
+			name:     "in-cluster files, token read from its file",
+			cfg:      kubeProviderConfig{LocalAddr: "127.0.0.1:7445", ServerName: "kubernetes.default.svc"},
+			saDir:    saDir,
+			wantHost: "https://127.0.0.1:7445", wantServerName: "kubernetes.default.svc",
+			wantTokenFile: filepath.Join(saDir, "token"), wantCAFile: filepath.Join(saDir, "ca.crt"),
+		},
+		{
+			name:     "IPv6 listener",
+			cfg:      kubeProviderConfig{LocalAddr: "[::1]:7445", ServerName: "kubernetes.default.svc"},
+			saDir:    saDir,
+			wantHost: "https://[::1]:7445", wantServerName: "kubernetes.default.svc",
+			wantTokenFile: filepath.Join(saDir, "token"), wantCAFile: filepath.Join(saDir, "ca.crt"),
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rc, err := kubeRESTConfig(tc.cfg, tc.saDir)
+			if err != nil {
+				t.Fatalf("got %v; want nil", err)
+			}
+			if rc.Host != tc.wantHost {
+				t.Errorf("Host: got %q; want %q", rc.Host, tc.wantHost)
+			}
+			if rc.ServerName != tc.wantServerName {
+				t.Errorf("ServerName: got %q; want %q", rc.ServerName, tc.wantServerName)
+			}
+			if rc.BearerToken != tc.wantToken {
+				t.Errorf("BearerToken: got %q; want %q", rc.BearerToken, tc.wantToken)
+			}
+			if rc.BearerTokenFile != tc.wantTokenFile {
+				t.Errorf("BearerTokenFile: got %q; want %q", rc.BearerTokenFile, tc.wantTokenFile)
+			}
+			if rc.CAFile != tc.wantCAFile {
+				t.Errorf("CAFile: got %q; want %q", rc.CAFile, tc.wantCAFile)
+			}
+			req, _ := http.NewRequest(http.MethodGet, rc.Host, nil)
+			if u, err := rc.Proxy(req); u != nil || err != nil {
+				t.Errorf("Proxy: got %v, %v; want nil, nil", u, err)
+			}
+		})
+	}
+}
+
+func TestKubeRESTConfigErrors(t *testing.T) {
+	tokenOnly := t.TempDir()
+	writeFile(t, filepath.Join(tokenOnly, "token"), "sa-token")
+	tests := []struct {
+		name         string
+		cfg          kubeProviderConfig
+		saDir        string
+		wantSentinel bool
+	}{
+		{"no kubeconfig, no service account", kubeProviderConfig{LocalAddr: "127.0.0.1:7445"}, t.TempDir(), true},
+		{"no kubeconfig, token without CA", kubeProviderConfig{LocalAddr: "127.0.0.1:7445"}, tokenOnly, true},
+		{"kubeconfig set but missing", kubeProviderConfig{LocalAddr: "127.0.0.1:7445",
+			Kubeconfig: filepath.Join(t.TempDir(), "absent")}, t.TempDir(), false},
+		{"listener address without port", kubeProviderConfig{LocalAddr: "127.0.0.1",
+			Kubeconfig: testKubeconfig(t, "")}, t.TempDir(), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := kubeRESTConfig(tc.cfg, tc.saDir)
+			if err == nil {
+				t.Fatalf("got nil; want an error")
+			}
+			if got := errors.Is(err, errNoKubeCredentials); got != tc.wantSentinel {
+				t.Errorf("errors.Is(%v, errNoKubeCredentials): got %v; want %v", err, got, tc.wantSentinel)
+			}
+		})
+	}
+}
+
+func TestNewKubernetesProvider(t *testing.T) {
+	cfg := kubeProviderConfig{
+		LocalAddr:  "127.0.0.1:7445",
+		Kubeconfig: testKubeconfig(t, ""),
+		ServerName: "kubernetes.default.svc",
+	}
+	p, err := newKubernetesProvider(cfg, testLogger(t), newMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatalf("got %v; want nil", err)
+	}
+	if got := p.name(); got != "kubernetes" {
+		t.Errorf("name: got %q; want %q", got, "kubernetes")
+	}
+}

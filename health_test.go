@@ -1,0 +1,659 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestHeartbeatAlive(t *testing.T) {
+	const threshold = 15 * time.Second
+	tests := []struct {
+		name       string
+		steps      func(h *heartbeat)
+		wantAlive  bool
+		wantReason string // substring; "" means the reason must be empty
+	}{
+		{
+			name:      "fresh",
+			steps:     func(*heartbeat) {},
+			wantAlive: true,
+		},
+		{
+			name:      "silent for exactly the threshold",
+			steps:     func(*heartbeat) { time.Sleep(threshold) },
+			wantAlive: true,
+		},
+		{
+			name:       "silent just past the threshold",
+			steps:      func(*heartbeat) { time.Sleep(threshold + time.Nanosecond) },
+			wantReason: "no heartbeat for 15.000000001s",
+		},
+		{
+			name: "beat revives",
+			steps: func(h *heartbeat) {
+				time.Sleep(2 * threshold)
+				h.beat()
+			},
+			wantAlive: true,
+		},
+		{
+			name: "beats keep it alive",
+			steps: func(h *heartbeat) {
+				for range 10 {
+					time.Sleep(threshold - time.Second)
+					h.beat()
+				}
+				time.Sleep(threshold)
+			},
+			wantAlive: true,
+		},
+		{
+			name: "silent past the threshold after a beat",
+			steps: func(h *heartbeat) {
+				time.Sleep(threshold - time.Second)
+				h.beat()
+				time.Sleep(threshold + time.Nanosecond)
+			},
+			wantReason: "no heartbeat",
+		},
+		{
+			name: "fail is sticky",
+			steps: func(h *heartbeat) {
+				h.fail("discovery pipeline exited")
+				h.beat()
+			},
+			wantReason: "discovery pipeline exited",
+		},
+		{
+			name: "first failure reason wins",
+			steps: func(h *heartbeat) {
+				h.fail("discovery pipeline exited")
+				h.fail("run loop exited")
+			},
+			wantReason: "discovery pipeline exited",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := newHeartbeat(threshold)
+				tt.steps(h)
+				alive, reason := h.alive()
+				if alive != tt.wantAlive {
+					t.Errorf("alive: got %v; want %v", alive, tt.wantAlive)
+				}
+				if tt.wantReason == "" && reason != "" {
+					t.Errorf("reason: got %q; want empty", reason)
+				}
+				if !strings.Contains(reason, tt.wantReason) {
+					t.Errorf("reason: got %q; want it to contain %q", reason, tt.wantReason)
+				}
+			})
+		})
+	}
+}
+
+// TestHeartbeatConcurrent lets the race detector check that beat, fail and
+// alive need no lock.
+func TestHeartbeatConcurrent(t *testing.T) {
+	h := newHeartbeat(time.Hour)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 1000 {
+				h.beat()
+				h.alive()
+			}
+		})
+	}
+	wg.Go(func() { h.fail("stop") })
+	wg.Wait()
+	if alive, reason := h.alive(); alive || reason != "stop" {
+		t.Errorf("alive(): got %v, %q; want false, %q", alive, reason, "stop")
+	}
+}
+
+func TestHealthHandlerMethods(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "test_total", Help: "Test."}))
+	handler := newHealthHandler(
+		func() (bool, string) { return true, "" },
+		func() bool { return true },
+		reg,
+	)
+	srv := startHealthServer(t, handler, nil)
+	client := newTestClient(t)
+
+	const allow = "GET, HEAD, OPTIONS"
+	methods := []struct {
+		method    string
+		wantCode  int
+		wantAllow string // "" means no Allow header
+		wantBody  bool
+	}{
+		{http.MethodGet, http.StatusOK, "", true},
+		{http.MethodHead, http.StatusOK, "", false},
+		{http.MethodOptions, http.StatusNoContent, allow, false},
+		{http.MethodPost, http.StatusMethodNotAllowed, allow, true},
+		{http.MethodPut, http.StatusMethodNotAllowed, allow, true},
+		{http.MethodDelete, http.StatusMethodNotAllowed, allow, true},
+		{http.MethodPatch, http.StatusMethodNotAllowed, allow, true},
+	}
+	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+		for _, m := range methods {
+			t.Run(m.method+" "+path, func(t *testing.T) {
+				code, header, body := do(t, client, m.method, srv.url+path)
+				if code != m.wantCode {
+					t.Errorf("status: got %d; want %d", code, m.wantCode)
+				}
+				if got := header.Get("Allow"); got != m.wantAllow {
+					t.Errorf("Allow: got %q; want %q", got, m.wantAllow)
+				}
+				if got := len(body) > 0; got != m.wantBody {
+					t.Errorf("body present: got %v; want %v (body %q)", got, m.wantBody, body)
+				}
+				if m.method == http.MethodGet && path != "/metrics" && body != "ok\n" {
+					t.Errorf("body: got %q; want %q", body, "ok\n")
+				}
+			})
+		}
+	}
+}
+
+func TestHealthHandlerUnknownPath(t *testing.T) {
+	handler := newHealthHandler(
+		func() (bool, string) { return true, "" },
+		func() bool { return true },
+		prometheus.NewRegistry(),
+	)
+	srv := startHealthServer(t, handler, nil)
+	client := newTestClient(t)
+
+	tests := []struct {
+		method string
+		path   string
+	}{
+		{http.MethodGet, "/"},
+		{http.MethodGet, "/healthz/"},
+		{http.MethodGet, "/healthzz"},
+		{http.MethodGet, "/readyz/extra"},
+		{http.MethodGet, "/HEALTHZ"},
+		{http.MethodPost, "/nope"},
+		{http.MethodOptions, "/nope"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			if code, _, _ := do(t, client, tt.method, srv.url+tt.path); code != http.StatusNotFound {
+				t.Errorf("status: got %d; want %d", code, http.StatusNotFound)
+			}
+		})
+	}
+}
+
+func TestHealthzReportsFailure(t *testing.T) {
+	hb := newHeartbeat(time.Hour)
+	handler := newHealthHandler(hb.alive, func() bool { return true }, prometheus.NewRegistry())
+	srv := startHealthServer(t, handler, nil)
+	client := newTestClient(t)
+
+	// Sequential steps on one server: failure is sticky, so order matters.
+	steps := []struct {
+		name     string
+		fail     string // passed to hb.fail unless empty
+		method   string
+		wantCode int
+		wantBody string
+	}{
+		{"live", "", http.MethodGet, http.StatusOK, "ok\n"},
+		{"live HEAD", "", http.MethodHead, http.StatusOK, ""},
+		{"failed", "discovery pipeline exited", http.MethodGet, http.StatusServiceUnavailable, "discovery pipeline exited\n"},
+		{"failed HEAD", "", http.MethodHead, http.StatusServiceUnavailable, ""},
+		{"still failed", "", http.MethodGet, http.StatusServiceUnavailable, "discovery pipeline exited\n"},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			if s.fail != "" {
+				hb.fail(s.fail)
+			}
+			code, _, body := do(t, client, s.method, srv.url+"/healthz")
+			if code != s.wantCode {
+				t.Errorf("status: got %d; want %d", code, s.wantCode)
+			}
+			if body != s.wantBody {
+				t.Errorf("body: got %q; want %q", body, s.wantBody)
+			}
+		})
+	}
+}
+
+func TestReadyzFollowsReady(t *testing.T) {
+	var ready atomic.Bool
+	handler := newHealthHandler(func() (bool, string) { return true, "" }, ready.Load, prometheus.NewRegistry())
+	srv := startHealthServer(t, handler, nil)
+	client := newTestClient(t)
+
+	// Sequential steps on one server: each flips the state the previous
+	// one left.
+	steps := []struct {
+		name     string
+		ready    bool
+		wantCode int
+	}{
+		{"not ready at start", false, http.StatusServiceUnavailable},
+		{"ready", true, http.StatusOK},
+		{"not ready again", false, http.StatusServiceUnavailable},
+		{"ready again", true, http.StatusOK},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			ready.Store(s.ready)
+			if code, _, _ := do(t, client, http.MethodGet, srv.url+"/readyz"); code != s.wantCode {
+				t.Errorf("status: got %d; want %d", code, s.wantCode)
+			}
+		})
+	}
+}
+
+// brokenCollector yields a metric that fails to gather.
+type brokenCollector struct{ desc *prometheus.Desc }
+
+func (c brokenCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c brokenCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.NewInvalidMetric(c.desc, errors.New("collector broke"))
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	okReg := prometheus.NewRegistry()
+	counter := prometheus.NewCounter(prometheus.CounterOpts{Name: "test_events_total", Help: "Test events."})
+	okReg.MustRegister(counter)
+	counter.Add(3)
+
+	// A good metric next to the broken one: the scrape must still fail,
+	// not serve a partial page.
+	brokenReg := prometheus.NewRegistry()
+	brokenReg.MustRegister(
+		prometheus.NewCounter(prometheus.CounterOpts{Name: "test_good_total", Help: "Test."}),
+		brokenCollector{prometheus.NewDesc("test_broken", "Broken.", nil, nil)},
+	)
+
+	tests := []struct {
+		name     string
+		gatherer prometheus.Gatherer
+		wantCode int
+		wantBody string
+	}{
+		{"counter value", okReg, http.StatusOK, "\ntest_events_total 3\n"},
+		{"gathering error fails the scrape", brokenReg, http.StatusInternalServerError, "collector broke"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, tt.gatherer)
+			srv := startHealthServer(t, handler, nil)
+			code, _, body := do(t, newTestClient(t), http.MethodGet, srv.url+"/metrics")
+			if code != tt.wantCode {
+				t.Errorf("status: got %d; want %d", code, tt.wantCode)
+			}
+			if !strings.Contains(body, tt.wantBody) {
+				t.Errorf("body: got %q; want it to contain %q", body, tt.wantBody)
+			}
+		})
+	}
+}
+
+func TestNewHealthServerLimits(t *testing.T) {
+	srv := newHealthServer("127.0.0.1:7446", http.NotFoundHandler(), slog.New(slog.DiscardHandler))
+	durations := []struct {
+		name string
+		got  time.Duration
+	}{
+		{"ReadHeaderTimeout", srv.ReadHeaderTimeout},
+		{"ReadTimeout", srv.ReadTimeout},
+		{"WriteTimeout", srv.WriteTimeout},
+		{"IdleTimeout", srv.IdleTimeout},
+	}
+	for _, d := range durations {
+		t.Run(d.name, func(t *testing.T) {
+			if d.got <= 0 {
+				t.Errorf("got %v; want positive", d.got)
+			}
+		})
+	}
+	if srv.ReadHeaderTimeout > srv.ReadTimeout {
+		t.Errorf("ReadHeaderTimeout: got %v; want at most ReadTimeout %v", srv.ReadHeaderTimeout, srv.ReadTimeout)
+	}
+	if srv.MaxHeaderBytes <= 0 || srv.MaxHeaderBytes >= http.DefaultMaxHeaderBytes {
+		t.Errorf("MaxHeaderBytes: got %d; want in (0, %d)", srv.MaxHeaderBytes, http.DefaultMaxHeaderBytes)
+	}
+	if srv.Addr != "127.0.0.1:7446" {
+		t.Errorf("Addr: got %q; want %q", srv.Addr, "127.0.0.1:7446")
+	}
+}
+
+// TestHealthServerErrorLog checks that net/http's own errors reach slog.
+func TestHealthServerErrorLog(t *testing.T) {
+	var buf lockedBuffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	panicky := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("handler bug") })
+	srv := startHealthServerWithLog(t, panicky, nil, log)
+
+	// The server recovers the panic, logs it, then drops the connection,
+	// so the request fails; only the log matters here.
+	req, err := http.NewRequest(http.MethodGet, srv.url+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := newTestClient(t).Do(req); err == nil {
+		resp.Body.Close()
+	}
+	if err := srv.stop(t); err != nil {
+		t.Fatalf("serveHealth: got %v; want nil", err)
+	}
+	got := buf.String()
+	for _, want := range []string{"level=WARN", "panic serving", "handler bug"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("log: got %q; want it to contain %q", got, want)
+		}
+	}
+}
+
+func TestServeHealthShutdownWithIdleConnection(t *testing.T) {
+	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
+	srv := startHealthServer(t, handler, nil)
+
+	// A keep-alive connection that has finished its request and stays open,
+	// as Prometheus leaves it between scrapes.
+	conn, err := net.Dial("tcp", srv.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Close {
+		t.Fatal("response closes the connection; want keep-alive")
+	}
+
+	start := time.Now()
+	if err := srv.stop(t); err != nil {
+		t.Errorf("serveHealth: got %v; want nil", err)
+	}
+	if elapsed := time.Since(start); elapsed >= healthShutdownTimeout {
+		t.Errorf("shutdown took: got %v; want less than %v", elapsed, healthShutdownTimeout)
+	}
+
+	// Shutdown closes idle connections instead of waiting for the client.
+	if err := conn.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := br.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("read after shutdown: got %d, %v; want 0, EOF", n, err)
+	}
+	if c, err := net.Dial("tcp", srv.addr); err == nil {
+		c.Close()
+		t.Error("dial after shutdown: got a connection; want the listener closed")
+	}
+}
+
+func TestHealthServerCutsOffSlowHeaders(t *testing.T) {
+	const readHeaderTimeout = 200 * time.Millisecond
+	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
+	srv := startHealthServer(t, handler, func(s *http.Server) { s.ReadHeaderTimeout = readHeaderTimeout })
+
+	conn, err := net.Dial("tcp", srv.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Part of the headers, then nothing: the end of the header block never
+	// comes.
+	start := time.Now()
+	if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: test\r\nX-Slow: "); err != nil {
+		t.Fatal(err)
+	}
+	// Well below the production ReadHeaderTimeout, so only the shortened
+	// timeout can end the connection in time.
+	const clientDeadline = 3 * time.Second
+	if err := conn.SetReadDeadline(start.Add(clientDeadline)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.ReadAll(conn)
+	elapsed := time.Since(start)
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		t.Fatalf("connection still open after %v; want it closed after ReadHeaderTimeout %v", elapsed, readHeaderTimeout)
+	}
+	if elapsed < readHeaderTimeout/2 {
+		t.Errorf("connection closed after: got %v (err %v); want about ReadHeaderTimeout %v", elapsed, err, readHeaderTimeout)
+	}
+}
+
+func TestServeHealthReturnsServeError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	log := slog.New(slog.DiscardHandler)
+	srv := newHealthServer(ln.Addr().String(), http.NotFoundHandler(), log)
+	err = serveHealth(t.Context(), srv, ln, log)
+	if !errors.Is(err, net.ErrClosed) {
+		t.Errorf("serveHealth: got %v; want an error wrapping %v", err, net.ErrClosed)
+	}
+}
+
+// TestServeHealthForcesCloseAfterDeadline runs the server on in-memory
+// connections inside a synctest bubble, so the five-second shutdown deadline
+// passes without the test waiting for it.
+func TestServeHealthForcesCloseAfterDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		entered := make(chan struct{})
+		stuck := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+			close(entered)
+			<-release
+		})
+		log := slog.New(slog.DiscardHandler)
+		ln := newPipeListener()
+		srv := newHealthServer("pipe", stuck, log)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- serveHealth(ctx, srv, ln, log) }()
+
+		conn := ln.dial()
+		defer conn.Close()
+		if _, err := io.WriteString(conn, "GET /stuck HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		<-entered
+
+		start := time.Now()
+		cancel()
+		err := <-done
+		elapsed := time.Since(start)
+		if err != nil {
+			t.Errorf("serveHealth: got %v; want nil", err)
+		}
+		if elapsed < healthShutdownTimeout || elapsed > healthShutdownTimeout+time.Second {
+			t.Errorf("serveHealth returned after: got %v; want about %v", elapsed, healthShutdownTimeout)
+		}
+		if n, err := conn.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+			t.Errorf("read from the stuck connection: got %d, %v; want 0, EOF", n, err)
+		}
+		close(release)
+	})
+}
+
+// pipeListener is an in-memory net.Listener handing out net.Pipe
+// connections, for servers that run inside a synctest bubble.
+type pipeListener struct {
+	conns     chan net.Conn
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), closed: make(chan struct{})}
+}
+
+// dial connects to the listener and returns the client end.
+func (l *pipeListener) dial() net.Conn {
+	client, server := net.Pipe()
+	l.conns <- server
+	return client
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "pipe" }
+
+// testHealthServer is a health server on a real loopback socket, run by
+// serveHealth in a goroutine the test owns.
+type testHealthServer struct {
+	addr   string // host:port
+	url    string // http://host:port
+	cancel context.CancelFunc
+	done   chan error
+
+	stopOnce sync.Once
+	err      error
+}
+
+// startHealthServer serves handler on 127.0.0.1:0 through newHealthServer and
+// serveHealth. adjust, if not nil, may change the server before it starts.
+// The server is stopped when the test ends.
+func startHealthServer(t *testing.T, handler http.Handler, adjust func(*http.Server)) *testHealthServer {
+	t.Helper()
+	return startHealthServerWithLog(t, handler, adjust, slog.New(slog.DiscardHandler))
+}
+
+func startHealthServerWithLog(t *testing.T, handler http.Handler, adjust func(*http.Server), log *slog.Logger) *testHealthServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newHealthServer(ln.Addr().String(), handler, log)
+	if adjust != nil {
+		adjust(srv)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &testHealthServer{
+		addr:   ln.Addr().String(),
+		url:    "http://" + ln.Addr().String(),
+		cancel: cancel,
+		done:   make(chan error, 1),
+	}
+	go func() { s.done <- serveHealth(ctx, srv, ln, log) }()
+	t.Cleanup(func() {
+		if err := s.stop(t); err != nil {
+			t.Errorf("serveHealth: got %v; want nil", err)
+		}
+	})
+	return s
+}
+
+// stop cancels the server and waits for serveHealth to return, for at most
+// the shutdown deadline plus a margin. It may be called more than once.
+func (s *testHealthServer) stop(t *testing.T) error {
+	t.Helper()
+	s.stopOnce.Do(func() {
+		s.cancel()
+		select {
+		case s.err = <-s.done:
+		case <-time.After(healthShutdownTimeout + 2*time.Second):
+			s.err = errors.New("serveHealth did not return after cancel")
+		}
+	})
+	return s.err
+}
+
+// newTestClient returns a client with its own connection pool, which it
+// closes when the test ends, and which does not follow redirects, so the
+// status of the requested path is what the test sees.
+func newTestClient(t *testing.T) *http.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{
+		Transport:     tr,
+		Timeout:       5 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// do sends a request without a body and returns the status, header and body.
+func do(t *testing.T, client *http.Client, method, url string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, string(body)
+}
+
+// lockedBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
+type lockedBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,278 @@
+// Command extractedprism is a per-node TCP load balancer for the Kubernetes
+// API server. Every node runs one, bound to 127.0.0.1:7445, and the node's
+// kubelet, kube-proxy and CNI agent reach the API through it. It forwards
+// each connection to a healthy API server, so a control-plane node that dies,
+// hangs or restarts costs the node nothing but the connections that were
+// open to it. There is no shared VIP, no leader election and no capability.
+//
+// # Running
+//
+//	extractedprism --endpoints 10.0.0.1:6443,10.0.0.2:6443,10.0.0.3:6443
+//
+// Every flag has an EP_* environment variable (--bind-port is EP_BIND_PORT).
+// A flag given on the command line wins over its variable, which wins over
+// the default. Invalid values stop the program before it listens, with a
+// message that names the flag and the variable. Run with --help for the
+// full list:
+//
+//	--bind-address          EP_BIND_ADDRESS          127.0.0.1   proxy listener address
+//	--bind-port             EP_BIND_PORT             7445        proxy listener port
+//	--health-bind-address   EP_HEALTH_BIND_ADDRESS   (bind)      health server address
+//	--health-port           EP_HEALTH_PORT           7446        health server port
+//	--endpoints             EP_ENDPOINTS             (required)  static API servers, host:port,...
+//	--health-interval       EP_HEALTH_INTERVAL       20s         between upstream health checks
+//	--health-timeout        EP_HEALTH_TIMEOUT        15s         per check, and per upstream dial
+//	--enable-discovery      EP_ENABLE_DISCOVERY      true        follow the kubernetes EndpointSlice
+//	--kubeconfig            EP_KUBECONFIG            (none)      credentials for discovery outside a pod
+//	--log-level             EP_LOG_LEVEL             info        debug|info|warn|error|dpanic|panic|fatal
+//	--liveness-interval     EP_LIVENESS_INTERVAL     5s          heartbeat period
+//	--liveness-threshold    EP_LIVENESS_THRESHOLD    15s         heartbeat age at which /healthz fails
+//	--drain-timeout         EP_DRAIN_TIMEOUT         30s         grace for connections of removed upstreams
+//	--upstream-selection    EP_UPSTREAM_SELECTION    random      random|latency
+//	--health-check          EP_HEALTH_CHECK          tcp         tcp|readyz
+//	--health-check-ca-file, -cert-file, -key-file, -token-file, -server-name: readyz probe TLS
+//	--version                                                    print version and exit
+//
+// # Data path
+//
+// Each client connection is joined to one upstream and bytes are copied both
+// ways with splice(2); a half-close is passed on. A dial that fails before
+// any byte was forwarded is retried on another pickable upstream, each at
+// most once. When no upstream is pickable, the known non-draining ones are
+// tried anyway, most recently healthy first. Proxied connections are bounded
+// by the open-files limit less a reserve of 256 descriptors, each connection
+// counting six (two sockets, two splice pipes); at the bound new clients wait
+// in the listen backlog. Accept errors such as EMFILE back off and retry.
+//
+// # Upstream health
+//
+// Each upstream is checked by a TCP connect every --health-interval, with its
+// own --health-timeout deadline, in its own goroutine. Two consecutive
+// failures (checks or client dials) exclude it; one success re-includes it.
+// An upstream removed from the endpoint list stops taking connections and
+// its open ones get --drain-timeout to finish; re-adding it aborts the drain.
+//
+// # Health server
+//
+// On --health-bind-address:--health-port: /healthz (liveness: the run loop
+// and the proxy beat every --liveness-interval; 503 once the last beat is
+// older than --liveness-threshold, when Accept has been failing that long,
+// or when discovery has exited), /readyz (200 while an upstream is healthy
+// and not draining) and /metrics (Prometheus). GET and HEAD only.
+//
+// # Metrics
+//
+// extractedprism_upstreams_active, _upstreams_total, _connections_active,
+// _connections_total, _connection_errors_total{upstream},
+// _discovery_updates_total{provider}, _discovery_errors_total{provider},
+// _health_check_status{upstream}, and with the modes that produce them
+// _upstream_rtt_seconds, _upstream_latency_tier and _upstream_ready.
+//
+// # Shutdown
+//
+// SIGINT or SIGTERM stops discovery, closes the listener, force-closes the
+// proxied connections, waits up to 5 s for their goroutines and gives the
+// health server 5 s to finish. The exit status is 0.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Version and Revision are set at build time with
+// -ldflags "-X main.Version=... -X main.Revision=...".
+var Version, Revision string
+
+const shutdownTimeout = 5 * time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "extractedprism:", err)
+		os.Exit(1)
+	}
+}
+
+// run parses the configuration, opens both listeners and serves until ctx is
+// done. Help and version output are not errors.
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	cfg, err := parseConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errVersionShown) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := unbuiltModes(cfg); err != nil {
+		return err
+	}
+	level, err := parseLogLevel(cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	log := newLogger(level, stderr)
+	lbLn, err := listenTCP(ctx, net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.BindPort)))
+	if err != nil {
+		return err
+	}
+	healthAddr := net.JoinHostPort(cfg.HealthBindAddress, strconv.Itoa(cfg.HealthPort))
+	healthLn, err := net.Listen("tcp", healthAddr)
+	if err != nil {
+		_ = lbLn.Close()
+		return fmt.Errorf("listen on %s: %w", healthAddr, err)
+	}
+	d := newDaemon(cfg, log, lbLn.Addr().String())
+	return d.run(ctx, lbLn, healthLn)
+}
+
+// unbuiltModes rejects the modes this build does not implement yet, rather
+// than accept them and behave like the defaults.
+func unbuiltModes(cfg *config) error {
+	if cfg.UpstreamSelection != "random" {
+		return fmt.Errorf("--upstream-selection (EP_UPSTREAM_SELECTION) %q is not implemented in this build; use random", cfg.UpstreamSelection)
+	}
+	if cfg.HealthCheck != "tcp" {
+		return fmt.Errorf("--health-check (EP_HEALTH_CHECK) %q is not implemented in this build; use tcp", cfg.HealthCheck)
+	}
+	return nil
+}
+
+// daemon wires the parts together. run owns every goroutine it starts.
+type daemon struct {
+	cfg       *config
+	log       *slog.Logger
+	reg       *prometheus.Registry
+	pool      *pool
+	proxy     *proxy
+	heartbeat *heartbeat
+	discovery *mergedProvider
+}
+
+func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg)
+	pl := newPool(log, m, poolConfig{
+		interval:     cfg.HealthInterval,
+		timeout:      cfg.HealthTimeout,
+		drainTimeout: cfg.DrainTimeout,
+	}, tcpCheck, randomSelector{})
+	return &daemon{
+		cfg:       cfg,
+		log:       log,
+		reg:       reg,
+		pool:      pl,
+		proxy:     newProxy(log.With("component", "proxy"), m, pl, cfg.HealthTimeout, connLimit(openFilesLimit())),
+		heartbeat: newHeartbeat(cfg.LivenessThreshold),
+		discovery: newMergedProvider(log.With("component", "discovery"), m, providers(cfg, log, m, lbAddr)...),
+	}
+}
+
+// providers returns the static provider and, when enabled and credentials
+// exist, the Kubernetes provider.
+func providers(cfg *config, log *slog.Logger, m *metrics, lbAddr string) []provider {
+	ps := []provider{newStaticProvider(cfg.Endpoints)}
+	if !cfg.EnableDiscovery {
+		return ps
+	}
+	kp, err := newKubernetesProvider(kubeProviderConfig{
+		LocalAddr:  dialableAddr(lbAddr),
+		Kubeconfig: cfg.Kubeconfig,
+		ServerName: "kubernetes.default.svc",
+	}, log.With("component", "discovery", "provider", "kubernetes"), m)
+	if err != nil {
+		log.Warn("kubernetes discovery off, serving static endpoints only", "err", err)
+		return ps
+	}
+	return append(ps, kp)
+}
+
+// dialableAddr turns a wildcard listen address into a loopback one the
+// discovery client can dial.
+func dialableAddr(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if ip.To4() != nil {
+			host = "127.0.0.1"
+		} else {
+			host = "::1"
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
+	d.log.Info("starting", "listen", lbLn.Addr().String(), "health", healthLn.Addr().String(),
+		"endpoints", d.cfg.Endpoints)
+	srv := newHealthServer(healthLn.Addr().String(), newHealthHandler(d.heartbeat.alive, d.pool.ready, d.reg), d.log)
+	updates := make(chan []string)
+	discDone := make(chan error, 1)
+	var healthErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { discDone <- d.discovery.run(ctx, updates) })
+	wg.Go(func() { d.proxy.serve(ctx, lbLn) })
+	wg.Go(func() { healthErr = serveHealth(ctx, srv, healthLn, d.log) })
+
+	d.loop(ctx, updates, discDone)
+
+	err := d.proxy.shutdown(shutdownTimeout)
+	d.pool.close()
+	wg.Wait()
+	d.log.Info("stopped")
+	return errors.Join(err, healthErr)
+}
+
+// loop is the run loop: it applies endpoint lists to the pool and beats the
+// liveness heartbeat until ctx is done.
+func (d *daemon) loop(ctx context.Context, updates <-chan []string, discDone <-chan error) {
+	t := time.NewTicker(d.cfg.LivenessInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case eps := <-updates:
+			d.log.Info("endpoint list updated", "endpoints", eps)
+			d.pool.update(eps)
+		case err := <-discDone:
+			if ctx.Err() != nil {
+				return
+			}
+			d.log.Error("discovery pipeline exited", "err", err)
+			d.heartbeat.fail("discovery pipeline exited")
+			discDone = nil
+		case <-t.C:
+			d.beat()
+		}
+	}
+}
+
+// beat proves the run loop, the pool and the accept loop are working. A
+// pool that deadlocked blocks here, and a failing Accept skips the beat, so
+// in both cases /healthz fails once --liveness-threshold has passed.
+func (d *daemon) beat() {
+	d.pool.responsive()
+	if stalled := d.proxy.acceptStalledFor(); stalled > 0 {
+		d.log.Warn("liveness beat skipped: accept failing", "for", stalled)
+		return
+	}
+	d.heartbeat.beat()
+}

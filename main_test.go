@@ -1,0 +1,237 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// httpGet returns the status and body of GET url, or 0 if it failed.
+func httpGet(url string) (int, string) {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+type runningDaemon struct {
+	proxyAddr  string
+	healthBase string
+	logs       *syncBuffer
+	cancel     context.CancelFunc
+	done       chan error
+}
+
+// startDaemon runs the whole program through run with env as its
+// environment and waits until /healthz answers.
+func startDaemon(t *testing.T, env map[string]string, args ...string) *runningDaemon {
+	t.Helper()
+	bindPort, healthPort := freePort(t), freePort(t)
+	args = append([]string{
+		"--bind-port", strconv.Itoa(bindPort), "--health-port", strconv.Itoa(healthPort),
+		"--enable-discovery=false", "--log-level", "debug",
+	}, args...)
+	d := &runningDaemon{
+		proxyAddr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(bindPort)),
+		healthBase: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(healthPort)),
+		logs:       &syncBuffer{},
+		done:       make(chan error, 1),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
+	getenv := func(k string) string { return env[k] }
+	go func() { d.done <- run(ctx, args, getenv, d.logs) }()
+	t.Cleanup(func() { d.stop(t) })
+	waitFor(t, "/healthz to answer", func() bool {
+		code, _ := httpGet(d.healthBase + "/healthz")
+		return code == http.StatusOK
+	})
+	return d
+}
+
+// stop cancels the daemon as SIGTERM would and checks it exits cleanly.
+func (d *runningDaemon) stop(t *testing.T) {
+	t.Helper()
+	if d.cancel == nil {
+		return
+	}
+	d.cancel()
+	d.cancel = nil
+	select {
+	case err := <-d.done:
+		if err != nil {
+			t.Errorf("run returned %v; want nil after shutdown", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return within 15 s of shutdown")
+	}
+}
+
+func TestRunProxiesAndReports(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	d := startDaemon(t, nil, "--endpoints", a.addr+","+b.addr)
+	waitFor(t, "/readyz to pass", func() bool {
+		code, _ := httpGet(d.healthBase + "/readyz")
+		return code == http.StatusOK
+	})
+	for range 10 {
+		c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := roundTrip(c, []byte("through the daemon")); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Close()
+	}
+	waitFor(t, "connections_active to return to 0", func() bool {
+		_, body := httpGet(d.healthBase + "/metrics")
+		return strings.Contains(body, "extractedprism_connections_active 0")
+	})
+	_, body := httpGet(d.healthBase + "/metrics")
+	for _, want := range []string{
+		"extractedprism_connections_total 10",
+		"extractedprism_upstreams_active 2",
+		"extractedprism_upstreams_total 2",
+		`extractedprism_health_check_status{upstream="` + a.addr + `"} 1`,
+		`extractedprism_discovery_updates_total{provider="static"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestRunShutsDownWithOpenConnections(t *testing.T) {
+	a := startUpstream(t, echo)
+	d := startDaemon(t, nil, "--endpoints", a.addr)
+	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("open")); err != nil {
+		t.Fatal(err)
+	}
+	d.stop(t)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Error("proxied connection still open after shutdown")
+	}
+	if _, err := net.DialTimeout("tcp", d.proxyAddr, time.Second); err == nil {
+		t.Error("listener still accepting after shutdown")
+	}
+}
+
+func TestRunEnvironmentConfiguresDaemon(t *testing.T) {
+	a := startUpstream(t, echo)
+	d := startDaemon(t, map[string]string{"EP_ENDPOINTS": a.addr})
+	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("env")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunRejectsBadConfigBeforeListening(t *testing.T) {
+	port := freePort(t)
+	var out bytes.Buffer
+	err := run(context.Background(), []string{
+		"--endpoints", "127.0.0.1:6443", "--bind-port", strconv.Itoa(port),
+		"--health-timeout", "30s",
+	}, func(string) string { return "" }, &out)
+	if err == nil || !strings.Contains(err.Error(), "--health-timeout") || !strings.Contains(err.Error(), "EP_HEALTH_TIMEOUT") {
+		t.Fatalf("got %v; want an error naming --health-timeout and EP_HEALTH_TIMEOUT", err)
+	}
+	if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second); err == nil {
+		_ = c.Close()
+		t.Error("something listens on the proxy port after a rejected configuration")
+	}
+}
+
+func TestRunHelpAndVersionExitCleanly(t *testing.T) {
+	for _, arg := range []string{"--help", "--version"} {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{arg}, func(string) string { return "" }, &out); err != nil {
+			t.Errorf("run %s: got %v; want nil", arg, err)
+		}
+		if out.Len() == 0 {
+			t.Errorf("run %s printed nothing", arg)
+		}
+	}
+}
+
+func TestRunIPv6(t *testing.T) {
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback here: %v", err)
+	}
+	_ = ln.Close()
+	up6, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer up6.Close()
+	wg.Go(func() {
+		for {
+			c, err := up6.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { defer c.Close(); echo(c) })
+		}
+	})
+	bindPort, healthPort := freePort(t), freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{
+			"--bind-address", "::1", "--bind-port", strconv.Itoa(bindPort),
+			"--health-port", strconv.Itoa(healthPort), "--enable-discovery=false",
+			"--endpoints", up6.Addr().String(),
+		}, func(string) string { return "" }, io.Discard)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	addr := net.JoinHostPort("::1", strconv.Itoa(bindPort))
+	var c net.Conn
+	waitFor(t, "the IPv6 listener", func() bool {
+		c, err = net.DialTimeout("tcp", addr, time.Second)
+		return err == nil
+	})
+	defer c.Close()
+	if err := roundTrip(c, []byte("over IPv6")); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics is the daemon's Prometheus metric set. It is registered on a
+// private registry (never the global one) so tests can create as many
+// daemons as they like and read exact values.
+type metrics struct {
+	upstreamsActive   prometheus.Gauge
+	upstreamsTotal    prometheus.Gauge
+	connectionsActive prometheus.Gauge
+	connectionsTotal  prometheus.Counter
+	connectionErrors  *prometheus.CounterVec // upstream
+	discoveryUpdates  *prometheus.CounterVec // provider
+	discoveryErrors   *prometheus.CounterVec // provider
+	upstreamRTT       *prometheus.GaugeVec   // upstream; latency selection only
+	upstreamTier      *prometheus.GaugeVec   // upstream; latency selection only
+	upstreamReady     *prometheus.GaugeVec   // upstream; readyz health check only
+	healthStatus      *prometheus.GaugeVec   // upstream
+}
+
+const metricNamespace = "extractedprism"
+
+// newMetrics creates the metric set and registers it on reg.
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		upstreamsActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricNamespace, Name: "upstreams_active",
+			Help: "Upstreams eligible for new connections (healthy, not draining).",
+		}),
+		upstreamsTotal: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricNamespace, Name: "upstreams_total",
+			Help: "Total known upstreams, including unhealthy and draining.",
+		}),
+		connectionsActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricNamespace, Name: "connections_active",
+			Help: "TCP connections currently passing through the proxy.",
+		}),
+		connectionsTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricNamespace, Name: "connections_total",
+			Help: "Connections established to upstreams since start.",
+		}),
+		connectionErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricNamespace, Name: "connection_errors_total",
+			Help: "Failed connection attempts to an upstream; none while no upstream is available, none caused by shutdown.",
+		}, []string{"upstream"}),
+		discoveryUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricNamespace, Name: "discovery_updates_total",
+			Help: "Endpoint list updates received, per discovery provider.",
+		}, []string{"provider"}),
+		discoveryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricNamespace, Name: "discovery_errors_total",
+			Help: "Discovery errors: provider failures, failed Watch calls, watch error events and failed re-lists.",
+		}, []string{"provider"}),
+		upstreamRTT: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricNamespace, Name: "upstream_rtt_seconds",
+			Help: "Smoothed health check connect time, including name resolution for hostname endpoints.",
+		}, []string{"upstream"}),
+		upstreamTier: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricNamespace, Name: "upstream_latency_tier",
+			Help: "Latency tier of the upstream, 0 being the closest group.",
+		}, []string{"upstream"}),
+		upstreamReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricNamespace, Name: "upstream_ready",
+			Help: "/readyz probe state after the consecutive-failure threshold (1 ready, 0 not ready).",
+		}, []string{"upstream"}),
+		healthStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricNamespace, Name: "health_check_status",
+			Help: "Upstream health state after the consecutive-failure threshold (1 healthy, 0 unhealthy).",
+		}, []string{"upstream"}),
+	}
+	reg.MustRegister(
+		m.upstreamsActive, m.upstreamsTotal,
+		m.connectionsActive, m.connectionsTotal, m.connectionErrors,
+		m.discoveryUpdates, m.discoveryErrors,
+		m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
+	)
+	return m
+}
+
+// forgetUpstream deletes every per-upstream series of addr. It is called once
+// an upstream has drained and left the pool, as the spec requires.
+func (m *metrics) forgetUpstream(addr string) {
+	m.connectionErrors.DeleteLabelValues(addr)
+	m.upstreamRTT.DeleteLabelValues(addr)
+	m.upstreamTier.DeleteLabelValues(addr)
+	m.upstreamReady.DeleteLabelValues(addr)
+	m.healthStatus.DeleteLabelValues(addr)
+}
+
+// boolGauge converts a state to the 1/0 value the gauges use.
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,556 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// testUpstream is a real TCP server on 127.0.0.1:0 that runs handler for each
+// connection and can be killed, closing its listener and every connection.
+type testUpstream struct {
+	ln      net.Listener
+	addr    string
+	handler func(net.Conn)
+
+	mu       sync.Mutex
+	conns    map[net.Conn]bool
+	accepted int
+	open     int // handlers still running
+	wg       sync.WaitGroup
+}
+
+func startUpstream(t *testing.T, handler func(net.Conn)) *testUpstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &testUpstream{ln: ln, addr: ln.Addr().String(), handler: handler, conns: map[net.Conn]bool{}}
+	u.wg.Go(u.acceptLoop)
+	t.Cleanup(u.kill)
+	return u
+}
+
+func (u *testUpstream) acceptLoop() {
+	for {
+		c, err := u.ln.Accept()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err != nil { // EMFILE in the exhaustion test: wait and retry
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		u.mu.Lock()
+		u.conns[c] = true
+		u.accepted++
+		u.open++
+		u.mu.Unlock()
+		u.wg.Go(func() {
+			defer u.closed(c)
+			u.handler(c)
+		})
+	}
+}
+
+func (u *testUpstream) closed(c net.Conn) {
+	_ = c.Close()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	delete(u.conns, c)
+	u.open--
+}
+
+func (u *testUpstream) openCount() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.open
+}
+
+// kill closes the listener and every open connection, like a dead process.
+func (u *testUpstream) kill() {
+	_ = u.ln.Close()
+	u.mu.Lock()
+	for c := range u.conns {
+		_ = c.Close()
+	}
+	u.mu.Unlock()
+	u.wg.Wait()
+}
+
+func (u *testUpstream) acceptedCount() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.accepted
+}
+
+// echo copies everything back and half-closes when the client does.
+func echo(c net.Conn) {
+	_, _ = io.Copy(c, c)
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+	}
+}
+
+// deadAddr returns a loopback address with nothing listening on it.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+type testProxy struct {
+	*proxy
+	addr string
+	reg  *prometheus.Registry
+	m    *metrics
+}
+
+// startProxy runs a proxy on 127.0.0.1:0 in front of endpoints and stops it
+// at the end of the test.
+func startProxy(t *testing.T, cfg poolConfig, endpoints ...string) *testProxy {
+	t.Helper()
+	return startProxyDial(t, cfg, nil, endpoints...)
+}
+
+// startProxyDial is startProxy with the upstream dial wrapped by wrap.
+func startProxyDial(t *testing.T, cfg poolConfig, wrap func(dialFunc) dialFunc, endpoints ...string) *testProxy {
+	t.Helper()
+	if cfg.interval == 0 {
+		cfg.interval, cfg.timeout = time.Hour, time.Second
+	}
+	log := slog.New(slog.DiscardHandler)
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg)
+	pl := newPool(log, m, cfg, tcpCheck, randomSelector{})
+	px := newProxy(log, m, pl, 2*time.Second, 4096)
+	if wrap != nil {
+		px.dial = wrap(px.dial)
+	}
+	pl.update(endpoints)
+	ln, err := listenTCP(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { px.serve(ctx, ln) })
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		if err := px.shutdown(5 * time.Second); err != nil {
+			t.Error(err)
+		}
+		pl.close()
+	})
+	return &testProxy{proxy: px, addr: ln.Addr().String(), reg: reg, m: m}
+}
+
+func dialProxy(t *testing.T, addr string) *net.TCPConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c.(*net.TCPConn)
+}
+
+// roundTrip writes msg and reads it back through an echo upstream.
+func roundTrip(c net.Conn, msg []byte) error {
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(msg); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if !bytes.Equal(got, msg) {
+		return fmt.Errorf("got %q; want %q", got, msg)
+	}
+	return nil
+}
+
+// waitFor polls cond until it holds or a 10 s deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestProxyForwardsBothWays(t *testing.T) {
+	up := startUpstream(t, echo)
+	px := startProxy(t, poolConfig{}, up.addr)
+	c := dialProxy(t, px.addr)
+	for _, msg := range []string{"hello", "kubernetes", string(make([]byte, 70000))} {
+		if err := roundTrip(c, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := testutil.ToFloat64(px.m.connectionsTotal); got != 1 {
+		t.Errorf("connections_total: got %v; want 1", got)
+	}
+	if got := testutil.ToFloat64(px.m.connectionsActive); got != 1 {
+		t.Errorf("connections_active: got %v; want 1", got)
+	}
+	_ = c.Close()
+	waitFor(t, "connections_active to return to 0", func() bool {
+		return testutil.ToFloat64(px.m.connectionsActive) == 0
+	})
+}
+
+func TestProxyPropagatesHalfClose(t *testing.T) {
+	// The upstream answers only after the client has finished sending, as
+	// many request/response protocols do.
+	up := startUpstream(t, func(c net.Conn) {
+		n, _ := io.Copy(io.Discard, c)
+		fmt.Fprintf(c, "received %d bytes", n)
+	})
+	px := startProxy(t, poolConfig{}, up.addr)
+	c := dialProxy(t, px.addr)
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "received 1000 bytes"; string(got) != want {
+		t.Errorf("got %q; want %q", got, want)
+	}
+}
+
+func TestProxyLargeTransferIntact(t *testing.T) {
+	const size = 64 << 20
+	up := startUpstream(t, echo)
+	px := startProxy(t, poolConfig{}, up.addr)
+	c := dialProxy(t, px.addr)
+	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+
+	sent := sha256.New()
+	var wg sync.WaitGroup
+	var writeErr error
+	wg.Go(func() {
+		buf := make([]byte, 256<<10)
+		for i := range buf {
+			buf[i] = byte(i * 7)
+		}
+		for n := 0; n < size; n += len(buf) {
+			buf[0] = byte(n >> 18) // vary the content per chunk
+			sent.Write(buf)
+			if _, err := c.Write(buf); err != nil {
+				writeErr = err
+				return
+			}
+		}
+		writeErr = c.CloseWrite()
+	})
+	received := sha256.New()
+	n, err := io.Copy(received, c)
+	wg.Wait()
+	if writeErr != nil {
+		t.Fatal(writeErr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != size {
+		t.Fatalf("received %d bytes; want %d", n, size)
+	}
+	if !bytes.Equal(sent.Sum(nil), received.Sum(nil)) {
+		t.Fatal("received bytes differ from sent bytes")
+	}
+}
+
+func TestProxySpreadsConcurrentConnections(t *testing.T) {
+	ups := []*testUpstream{startUpstream(t, echo), startUpstream(t, echo), startUpstream(t, echo)}
+	px := startProxy(t, poolConfig{}, ups[0].addr, ups[1].addr, ups[2].addr)
+	const clients = 200
+	errs := make(chan error, clients)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			c, err := net.DialTimeout("tcp", px.addr, 5*time.Second)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			errs <- roundTrip(c, fmt.Appendf(nil, "client %d", i))
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	for i, u := range ups {
+		// Uniform choice gives each about 67; 30 is far in the tail.
+		if got := u.acceptedCount(); got < 30 {
+			t.Errorf("upstream %d accepted %d of %d connections; want an even spread", i, got, clients)
+		}
+	}
+}
+
+func TestProxyRetriesFailedDialOnAnotherUpstream(t *testing.T) {
+	alive := startUpstream(t, echo)
+	dead := deadAddr(t)
+	px := startProxy(t, poolConfig{}, alive.addr, dead)
+	for i := range 20 {
+		c := dialProxy(t, px.addr)
+		if err := roundTrip(c, []byte("ping")); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		_ = c.Close()
+	}
+	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(dead)); got < 1 {
+		t.Errorf("connection_errors_total{upstream=dead}: got %v; want at least 1", got)
+	}
+	if got := testutil.ToFloat64(px.m.healthStatus.WithLabelValues(dead)); got != 0 {
+		t.Errorf("health_check_status{upstream=dead}: got %v; want 0 after failed dials", got)
+	}
+}
+
+func TestProxyLastResortWhenNothingPickable(t *testing.T) {
+	alive := startUpstream(t, echo)
+	dead := deadAddr(t)
+	px := startProxy(t, poolConfig{}, alive.addr, dead)
+	// Mark both unhealthy as two failed checks would.
+	for _, addr := range []string{alive.addr, dead} {
+		u := px.pool.upstreams[addr]
+		px.pool.report(u, errors.New("test: check failed"))
+		px.pool.report(u, errors.New("test: check failed"))
+	}
+	if px.pool.ready() {
+		t.Fatal("pool ready with every upstream unhealthy")
+	}
+	errsBefore := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(dead))
+	c := dialProxy(t, px.addr)
+	if err := roundTrip(c, []byte("still here")); err != nil {
+		t.Fatalf("last-resort connection: %v", err)
+	}
+	if !px.pool.ready() {
+		t.Error("a successful last-resort dial did not re-include its upstream")
+	}
+	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(dead)); got != errsBefore {
+		t.Errorf("connection_errors_total{upstream=dead}: got %v; want %v (last-resort failures are not counted)", got, errsBefore)
+	}
+}
+
+func TestProxyRefusesClientWhenEveryDialFails(t *testing.T) {
+	px := startProxy(t, poolConfig{}, deadAddr(t), deadAddr(t))
+	c := dialProxy(t, px.addr)
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("read %d bytes from a connection with no upstream; want EOF or reset", n)
+	}
+	if got := testutil.ToFloat64(px.m.connectionsTotal); got != 0 {
+		t.Errorf("connections_total: got %v; want 0", got)
+	}
+}
+
+func TestProxyKeepsServingWhileAnUpstreamDies(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	px := startProxy(t, poolConfig{}, a.addr, b.addr)
+	a.kill()
+	for i := range 30 {
+		c := dialProxy(t, px.addr)
+		if err := roundTrip(c, []byte("after kill")); err != nil {
+			t.Fatalf("connection %d after one upstream died: %v", i, err)
+		}
+		_ = c.Close()
+	}
+}
+
+// attachedTo returns the number of proxied connections attached to addr.
+func attachedTo(px *testProxy, addr string) int {
+	px.pool.mu.Lock()
+	defer px.pool.mu.Unlock()
+	u, ok := px.pool.upstreams[addr]
+	if !ok {
+		return -1
+	}
+	return len(u.conns)
+}
+
+func TestProxyDrainsRemovedUpstream(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	px := startProxy(t, poolConfig{drainTimeout: 500 * time.Millisecond}, a.addr)
+	old := dialProxy(t, px.addr)
+	if err := roundTrip(old, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	px.pool.update([]string{b.addr})
+	// The old connection keeps working during the drain.
+	if err := roundTrip(old, []byte("during drain")); err != nil {
+		t.Fatalf("connection to draining upstream: %v", err)
+	}
+	if got := testutil.ToFloat64(px.m.upstreamsTotal); got != 2 {
+		t.Errorf("upstreams_total during drain: got %v; want 2", got)
+	}
+	// New connections go to b only.
+	acceptedA := a.acceptedCount()
+	for range 10 {
+		c := dialProxy(t, px.addr)
+		if err := roundTrip(c, []byte("new")); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Close()
+	}
+	if got := a.acceptedCount(); got != acceptedA {
+		t.Errorf("draining upstream accepted %d new connections; want 0", got-acceptedA)
+	}
+	// After the timeout the old connection is closed and a leaves the pool.
+	_ = old.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := old.Read(make([]byte, 1)); err == nil || errors.Is(err, errTimeout(err)) {
+		t.Fatalf("read after drain timeout: got %v; want the connection closed", err)
+	}
+	waitFor(t, "a to leave the pool", func() bool { return attachedTo(px, a.addr) == -1 })
+	if got := testutil.ToFloat64(px.m.upstreamsTotal); got != 1 {
+		t.Errorf("upstreams_total after drain: got %v; want 1", got)
+	}
+	if n := testutil.CollectAndCount(px.m.healthStatus); n != 1 {
+		t.Errorf("health_check_status series after drain: got %d; want 1", n)
+	}
+}
+
+// errTimeout returns err itself when it is a timeout, so errors.Is matches
+// only timeouts.
+func errTimeout(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return err
+	}
+	return errors.New("not a timeout")
+}
+
+func TestProxyDrainTimeoutZeroClosesAtOnce(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	px := startProxy(t, poolConfig{drainTimeout: 0}, a.addr)
+	old := dialProxy(t, px.addr)
+	if err := roundTrip(old, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	px.pool.update([]string{b.addr})
+	_ = old.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := old.Read(make([]byte, 1)); err == nil || errors.Is(err, errTimeout(err)) {
+		t.Fatalf("read after removal with drain timeout 0: got %v; want the connection closed", err)
+	}
+}
+
+func TestProxyReAddAbortsDrain(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	px := startProxy(t, poolConfig{drainTimeout: 300 * time.Millisecond}, a.addr)
+	old := dialProxy(t, px.addr)
+	if err := roundTrip(old, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	px.pool.update([]string{b.addr})
+	px.pool.update([]string{a.addr, b.addr})
+	time.Sleep(600 * time.Millisecond) // twice the drain timeout: nothing may close
+	if err := roundTrip(old, []byte("after re-add")); err != nil {
+		t.Fatalf("connection after the drain was aborted: %v", err)
+	}
+	if got := attachedTo(px, a.addr); got != 1 {
+		t.Errorf("connections attached to re-added upstream: got %d; want 1", got)
+	}
+}
+
+func TestProxyDrainEndsWhenLastConnectionCloses(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	px := startProxy(t, poolConfig{drainTimeout: time.Hour}, a.addr)
+	old := dialProxy(t, px.addr)
+	if err := roundTrip(old, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	px.pool.update([]string{b.addr})
+	_ = old.Close()
+	waitFor(t, "the drained upstream to leave the pool", func() bool { return attachedTo(px, a.addr) == -1 })
+}
+
+func TestProxyRetriesWhenUpstreamStartsDrainingDuringDial(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	var pl atomic.Pointer[pool] // set before the client connects
+	var once sync.Once
+	var dials atomic.Int32
+	px := startProxyDial(t, poolConfig{drainTimeout: time.Minute}, func(realDial dialFunc) dialFunc {
+		return func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			c, err := realDial(ctx, network, addr)
+			once.Do(func() {
+				// The endpoint list changes while the first dial is in flight.
+				if addr == a.addr {
+					pl.Load().update([]string{b.addr})
+				} else {
+					pl.Load().update([]string{a.addr})
+				}
+			})
+			return c, err
+		}
+	}, a.addr, b.addr)
+	pl.Store(px.pool)
+	c := dialProxy(t, px.addr)
+	if err := roundTrip(c, []byte("retried")); err != nil {
+		t.Fatalf("connection whose upstream started draining during the dial: %v", err)
+	}
+	if got := dials.Load(); got != 2 {
+		t.Errorf("upstream dials: got %d; want 2 (the drained one, then the retry)", got)
+	}
+}
+
+func TestConnLimit(t *testing.T) {
+	tests := []struct {
+		nofile uint64
+		want   int
+	}{
+		{0, 1},
+		{fdReserve, 1},
+		{1024, (1024 - fdReserve) / fdsPerConn},
+		{1 << 20, (1<<20 - fdReserve) / fdsPerConn},
+	}
+	for _, tt := range tests {
+		if got := connLimit(tt.nofile); got != tt.want {
+			t.Errorf("connLimit(%d): got %d; want %d", tt.nofile, got, tt.want)
+		}
+	}
+}
+
+func TestIsLocalExhaustion(t *testing.T) {
+	wrapped := fmt.Errorf("dial upstream x: %w", &net.OpError{Op: "dial", Err: fmt.Errorf("socket: %w", errEMFILE())})
+	if !isLocalExhaustion(wrapped) {
+		t.Errorf("isLocalExhaustion(%v): got false; want true", wrapped)
+	}
+	if refused := errors.New("connection refused"); isLocalExhaustion(refused) {
+		t.Errorf("isLocalExhaustion(%v): got true; want false", refused)
+	}
+}
