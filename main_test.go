@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // freePort returns a loopback port that was free a moment ago.
@@ -234,4 +238,33 @@ func TestRunIPv6(t *testing.T) {
 	if err := roundTrip(c, []byte("over IPv6")); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestBeatSkippedWhileAcceptFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMetrics(prometheus.NewRegistry())
+		log := slog.New(slog.DiscardHandler)
+		pl := newPool(log, m, defaultTestPool, newFakeChecks().check, randomSelector{})
+		defer pl.close()
+		d := &daemon{
+			cfg:       &config{LivenessThreshold: 15 * time.Second},
+			log:       log,
+			pool:      pl,
+			proxy:     newProxy(log, m, pl, time.Second, 1),
+			heartbeat: newHeartbeat(15 * time.Second),
+		}
+		d.proxy.acceptFailed(errEMFILE(), 0) // Accept starts failing now
+		for range 4 {
+			time.Sleep(5 * time.Second)
+			d.beat()
+		}
+		if ok, _ := d.heartbeat.alive(); ok {
+			t.Error("alive after 20 s of failing Accept; want /healthz to fail past the 15 s threshold")
+		}
+		d.proxy.stalledSince.Store(0) // Accept works again
+		d.beat()
+		if ok, reason := d.heartbeat.alive(); !ok {
+			t.Errorf("not alive after Accept recovered: %s", reason)
+		}
+	})
 }

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// timeWaitTo counts TIME_WAIT sockets in /proc/net/tcp that involve port.
+func timeWaitTo(t *testing.T, port int) int {
+	t.Helper()
+	f, err := os.Open("/proc/net/tcp")
+	if err != nil {
+		t.Skipf("no /proc/net/tcp: %v", err)
+	}
+	defer f.Close()
+	hexPort := fmt.Sprintf(":%04X", port)
+	n := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		// local_address rem_address st ...; TIME_WAIT is state 06.
+		if len(fields) > 3 && fields[3] == "06" &&
+			(strings.HasSuffix(fields[1], hexPort) || strings.HasSuffix(fields[2], hexPort)) {
+			n++
+		}
+	}
+	return n
+}
+
+func TestTCPCheckLeavesNoTimeWait(t *testing.T) {
+	up := startUpstream(t, echo)
+	port := up.ln.Addr().(*net.TCPAddr).Port
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		rtt, err := tcpCheck(ctx, up.addr)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rtt <= 0 {
+			t.Errorf("connect time: got %v; want > 0", rtt)
+		}
+	}
+	waitFor(t, "the upstream to see every check end", func() bool { return up.openCount() == 0 })
+	if n := timeWaitTo(t, port); n != 0 {
+		t.Errorf("TIME_WAIT sockets after 20 checks: got %d; want 0", n)
+	}
+}
+
+func TestTCPCheckFailsOnRefusedAndTimeout(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := tcpCheck(ctx, deadAddr(t)); err == nil {
+		t.Error("check of a closed port: got nil error")
+	}
+	expired, cancel2 := context.WithTimeout(context.Background(), 0)
+	defer cancel2()
+	if _, err := tcpCheck(expired, "127.0.0.1:1"); err == nil {
+		t.Error("check with an expired deadline: got nil error")
+	}
+}
