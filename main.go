@@ -144,9 +144,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 // unbuiltModes rejects the modes this build does not implement yet, rather
 // than accept them and behave like the defaults.
 func unbuiltModes(cfg *config) error {
-	if cfg.UpstreamSelection != "random" {
-		return fmt.Errorf("--upstream-selection (EP_UPSTREAM_SELECTION) %q is not implemented in this build; use random", cfg.UpstreamSelection)
-	}
 	if cfg.HealthCheck != "tcp" {
 		return fmt.Errorf("--health-check (EP_HEALTH_CHECK) %q is not implemented in this build; use tcp", cfg.HealthCheck)
 	}
@@ -167,11 +164,17 @@ type daemon struct {
 func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
+	var sel selector = randomSelector{}
+	if cfg.UpstreamSelection == "latency" {
+		sel = newLatencySelector(m)
+	}
 	pl := newPool(log, m, poolConfig{
 		interval:     cfg.HealthInterval,
 		timeout:      cfg.HealthTimeout,
 		drainTimeout: cfg.DrainTimeout,
-	}, tcpCheck, randomSelector{})
+		quickRecheck: quickRecheck,
+		sweep:        true,
+	}, tcpCheck, sel)
 	return &daemon{
 		cfg:       cfg,
 		log:       log,

@@ -19,6 +19,11 @@ type metrics struct {
 	upstreamTier      *prometheus.GaugeVec   // upstream; latency selection only
 	upstreamReady     *prometheus.GaugeVec   // upstream; readyz health check only
 	healthStatus      *prometheus.GaugeVec   // upstream
+
+	// Beyond the spec.
+	hedgedDials     prometheus.Counter
+	hedgedWins      prometheus.Counter
+	deadConnsClosed prometheus.Counter
 }
 
 const metricNamespace = "extractedprism"
@@ -70,12 +75,25 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: metricNamespace, Name: "health_check_status",
 			Help: "Upstream health state after the consecutive-failure threshold (1 healthy, 0 unhealthy).",
 		}, []string{"upstream"}),
+		hedgedDials: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricNamespace, Name: "hedged_dials_total",
+			Help: "Second dials started because the first dial of a connection was slower than the hedge delay.",
+		}),
+		hedgedWins: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricNamespace, Name: "hedged_dials_won_total",
+			Help: "Hedged dials that connected first and carried the connection.",
+		}),
+		deadConnsClosed: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: metricNamespace, Name: "dead_connections_closed_total",
+			Help: "Proxied connections closed because the kernel found the upstream peer gone (keepalive or TCP_USER_TIMEOUT).",
+		}),
 	}
 	reg.MustRegister(
 		m.upstreamsActive, m.upstreamsTotal,
 		m.connectionsActive, m.connectionsTotal, m.connectionErrors,
 		m.discoveryUpdates, m.discoveryErrors,
 		m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
+		m.hedgedDials, m.hedgedWins, m.deadConnsClosed,
 	)
 	return m
 }

@@ -37,7 +37,8 @@ func closeAbortive(c net.Conn) {
 
 // probeLoop checks u at once and then every interval until ctx is done. Each
 // upstream has its own loop, so a black-holed upstream never delays the
-// checks of the others.
+// checks of the others. After a failed check the next one comes after
+// quickRecheck, and a failed client dial asks for one at once.
 func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -46,26 +47,27 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-u.recheck:
 		}
-		err := p.checkOnce(ctx, u)
+		rtt, err := p.checkOnce(ctx, u)
 		if ctx.Err() != nil {
 			return // stopped mid-check: the result says nothing about u
 		}
+		next := p.cfg.interval
 		if err != nil && isLocalExhaustion(err) {
 			// Out of descriptors here: blaming u would mark every
 			// upstream dead at once. Try again next interval.
 			u.log.Warn("health check skipped: local resources exhausted", "err", err)
-		} else {
-			p.report(u, err)
+		} else if p.reportCheck(u, rtt, err) && p.cfg.quickRecheck > 0 {
+			next = min(p.cfg.quickRecheck, next)
 		}
-		t.Reset(p.cfg.interval)
+		t.Reset(next)
 	}
 }
 
 // checkOnce runs one check under its own deadline.
-func (p *pool) checkOnce(ctx context.Context, u *upstream) error {
+func (p *pool) checkOnce(ctx context.Context, u *upstream) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.timeout)
 	defer cancel()
-	_, err := p.check(ctx, u.addr)
-	return err
+	return p.check(ctx, u.addr)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,16 @@ const (
 	// proxied connection, as the spec requires.
 	tcpKeepAliveIdle = 30 * time.Second
 	tcpUserTimeout   = 30 * time.Second
+
+	// quickRecheck is the delay of the check after a failed one.
+	quickRecheck = time.Second
+
+	// The hedge delay is hedgeFactor times the slowest connect time of the
+	// preferred group, within [hedgeMin, hedgeMax]; hedgeMax when no
+	// sample exists yet.
+	hedgeFactor = 4
+	hedgeMin    = 50 * time.Millisecond
+	hedgeMax    = 500 * time.Millisecond
 
 	// fdsPerConn is what one proxied connection holds: the client socket, the
 	// upstream socket, and one splice pipe (two descriptors) per direction,
@@ -37,6 +48,59 @@ var (
 	errNoUpstream = errors.New("no upstream available")
 	errDraining   = errors.New("upstream started draining during the dial")
 )
+
+// socketSettings are the keepalive and user-timeout settings of an upstream
+// socket.
+type socketSettings struct {
+	keepAlive   net.KeepAliveConfig
+	userTimeout time.Duration
+}
+
+var (
+	normalSettings = socketSettings{
+		keepAlive:   net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle},
+		userTimeout: tcpUserTimeout,
+	}
+	// sweepSettings make the kernel drop a connection whose peer has
+	// vanished within seconds: keepalive probes every second from 1 s idle,
+	// three unanswered probes kill it, and 3 s of unacknowledged data kill
+	// it too (keepalive does not fire while data waits for an ACK). A peer
+	// that is alive but slow answers the probes and keeps its connections.
+	sweepSettings = socketSettings{
+		keepAlive:   net.KeepAliveConfig{Enable: true, Idle: time.Second, Interval: time.Second, Count: 3},
+		userTimeout: 3 * time.Second,
+	}
+)
+
+// apply sets s on c if c is a TCP connection; failures are ignored, as the
+// connection still works with the settings it had.
+func (s socketSettings) apply(c net.Conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	_ = tc.SetKeepAliveConfig(s.keepAlive)
+	if rc, err := tc.SyscallConn(); err == nil {
+		_ = setUserTimeout(rc, s.userTimeout)
+	}
+}
+
+// hedgeDelay derives the hedge delay from the connect times of the
+// preferred group.
+func hedgeDelay(groups [][]*upstream) time.Duration {
+	var slowest time.Duration
+	if len(groups) > 0 {
+		for _, u := range groups[0] {
+			if u.hasRTT {
+				slowest = max(slowest, u.rtt)
+			}
+		}
+	}
+	if slowest == 0 {
+		return hedgeMax
+	}
+	return min(max(hedgeFactor*slowest, hedgeMin), hedgeMax)
+}
 
 // proxyConn is one proxied connection: the accepted client socket and the
 // upstream socket it was joined to.
@@ -61,6 +125,7 @@ type proxy struct {
 	pool        *pool
 	dial        dialFunc
 	dialTimeout time.Duration
+	hedge       bool // start a second dial when the first is slow
 
 	// slots bounds the proxied connections by the descriptor limit; see
 	// fdsPerConn. A slot is taken before Accept, so at the limit clients
@@ -83,6 +148,7 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 		log: log, m: m, pool: pl,
 		dial:        d.DialContext,
 		dialTimeout: dialTimeout,
+		hedge:       true,
 		slots:       make(chan struct{}, max(maxConns, 1)),
 	}
 }
@@ -188,49 +254,155 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 	p.m.connectionsTotal.Inc()
 	p.m.connectionsActive.Inc()
 	defer p.m.connectionsActive.Dec()
-	pipe(client, pc.upstream)
+	if err := pipe(client, pc.upstream); errors.Is(err, syscall.ETIMEDOUT) {
+		// The kernel gave up on a peer that stopped answering: keepalive
+		// or TCP_USER_TIMEOUT, sooner while the upstream is suspect.
+		p.m.deadConnsClosed.Inc()
+		u.log.Debug("connection to vanished peer closed", "err", err)
+	}
 }
 
-// connect dials upstreams for pc until one answers: first every pickable
-// upstream (each at most once), then, as a last resort, the non-draining
-// ones that are not pickable, most recently healthy first. On success
-// pc.upstream is set and pc is attached to the returned upstream.
+// connect dials upstreams for pc until one answers: first the pickable
+// upstreams in the selector's order (each at most once), then, as a last
+// resort, the non-draining ones that are not pickable, most recently healthy
+// first. When a dial has not completed after the hedge delay, a second one
+// starts to the next pickable upstream and the first to connect wins. On
+// success pc.upstream is set and pc is attached to the returned upstream.
 func (p *proxy) connect(ctx context.Context, pc *proxyConn) (*upstream, error) {
-	tried := make([]*upstream, 0, 4)
-	drainRetried := false
-	var lastErr error = errNoUpstream
-	for {
-		u := p.pool.pick(tried)
-		lastResort := u == nil
-		if lastResort {
-			if u = p.pool.lastResort(tried); u == nil {
-				return nil, lastErr
-			}
-		}
-		tried = append(tried, u)
-		conn, err := p.dialPatiently(ctx, u.addr)
-		if err != nil {
-			if ctx.Err() != nil || isLocalExhaustion(err) {
-				return nil, err // shutdown or our own limits: not the upstream's fault
-			}
-			p.pool.report(u, err)
-			if !lastResort {
-				u.errs.Inc()
-			}
-			u.log.Debug("dial failed", "err", err, "last_resort", lastResort)
-			lastErr = err
-			continue
-		}
-		pc.upstream = conn
-		if p.pool.connected(u, pc) {
-			return u, nil
-		}
-		_ = conn.Close()
-		if drainRetried {
-			return nil, errDraining
-		}
-		drainRetried, lastErr = true, errDraining
+	ctx, cancel := context.WithCancel(ctx)
+	cd := &connDial{p: p, ctx: ctx, cancel: cancel, results: make(chan attempt), lastErr: errNoUpstream}
+	defer cd.wait()
+	if !cd.start(false) {
+		return nil, cd.lastErr
 	}
+	hedge := time.NewTimer(p.pool.snap.Load().hedgeDelay)
+	defer hedge.Stop()
+	for cd.inflight > 0 {
+		select {
+		case a := <-cd.results:
+			cd.inflight--
+			if cd.finish(a, pc) {
+				return a.u, nil
+			}
+			if cd.inflight == 0 && cd.start(false) {
+				hedge.Reset(p.pool.snap.Load().hedgeDelay)
+			}
+		case <-hedge.C:
+			if p.hedge && cd.inflight == 1 && cd.start(true) {
+				p.m.hedgedDials.Inc()
+			}
+		}
+	}
+	return nil, cd.lastErr
+}
+
+// attempt is one dial of a client connection to one upstream.
+type attempt struct {
+	u          *upstream
+	lastResort bool // u was not pickable when the dial started
+	hedged     bool // started because an earlier dial was slow
+	conn       net.Conn
+	err        error
+}
+
+// connDial is the dial state of one client connection. Only the goroutine
+// running connect touches it; the dial goroutines report on results.
+type connDial struct {
+	p            *proxy
+	ctx          context.Context // cancelled once a dial won, or on shutdown
+	cancel       context.CancelFunc
+	results      chan attempt
+	tried        []*upstream
+	inflight     int
+	drainRetried bool
+	stop         bool // no further dials: out of descriptors or drain retried
+	lastErr      error
+}
+
+// start begins a dial to the next upstream and reports whether it did.
+// Hedged dials go only to pickable upstreams.
+func (cd *connDial) start(hedged bool) bool {
+	if cd.stop || cd.ctx.Err() != nil {
+		return false
+	}
+	a := attempt{u: cd.p.pool.pick(cd.tried), hedged: hedged}
+	if a.u == nil {
+		if hedged {
+			return false
+		}
+		if a.u = cd.p.pool.lastResort(cd.tried); a.u == nil {
+			return false
+		}
+		a.lastResort = true
+	}
+	cd.tried = append(cd.tried, a.u)
+	cd.inflight++
+	go cd.p.dialAttempt(cd.ctx, a, cd.results)
+	return true
+}
+
+// finish handles one finished dial and reports whether it won.
+func (cd *connDial) finish(a attempt, pc *proxyConn) bool {
+	if a.err != nil {
+		cd.failed(a)
+		return false
+	}
+	if cd.ctx.Err() != nil { // shutdown
+		_ = a.conn.Close()
+		return false
+	}
+	pc.upstream = a.conn
+	if cd.p.pool.connected(a.u, pc) {
+		if a.hedged {
+			cd.p.m.hedgedWins.Inc()
+		}
+		cd.cancel() // the other dial, if any, lost
+		return true
+	}
+	// a.u started draining while it was dialed: one retry elsewhere.
+	_ = a.conn.Close()
+	pc.upstream = nil
+	cd.lastErr = errDraining
+	cd.stop = cd.drainRetried
+	cd.drainRetried = true
+	return false
+}
+
+// failed accounts a failed dial. A dial cancelled because another won, or
+// because of shutdown, says nothing about its upstream; nor does a dial
+// that failed because this process is out of descriptors.
+func (cd *connDial) failed(a attempt) {
+	if cd.ctx.Err() != nil {
+		return
+	}
+	cd.lastErr = a.err
+	if isLocalExhaustion(a.err) {
+		cd.stop = true
+		return
+	}
+	cd.p.pool.reportDial(a.u, a.err)
+	if !a.lastResort {
+		a.u.errs.Inc()
+	}
+	a.u.log.Debug("dial failed", "err", a.err, "last_resort", a.lastResort, "hedged", a.hedged)
+}
+
+// wait cancels the dials still in flight and waits for them, closing any
+// that connected after another had won.
+func (cd *connDial) wait() {
+	cd.cancel()
+	for ; cd.inflight > 0; cd.inflight-- {
+		if a := <-cd.results; a.err == nil {
+			_ = a.conn.Close()
+		}
+	}
+}
+
+// dialAttempt runs one dial and reports it on results, which connect reads
+// until every dial it started has reported.
+func (p *proxy) dialAttempt(ctx context.Context, a attempt, results chan<- attempt) {
+	a.conn, a.err = p.dialPatiently(ctx, a.u.addr)
+	results <- a
 }
 
 // dialPatiently dials addr, and while the dial fails because this process
@@ -273,32 +445,35 @@ func (p *proxy) shutdown(timeout time.Duration) error {
 	}
 }
 
-// pipe copies both ways until both directions have finished.
-func pipe(client, upstream net.Conn) {
-	done := make(chan struct{})
-	go copyHalf(upstream, client, done)
-	copyHalf(client, upstream, nil)
-	<-done
+// pipe copies both ways until both directions have finished and returns
+// the first error either direction met.
+func pipe(client, upstream net.Conn) error {
+	errc := make(chan error, 1)
+	go copyHalf(upstream, client, errc)
+	err := copyHalf(client, upstream, nil)
+	return cmp.Or(err, <-errc)
 }
 
 // copyHalf copies src to dst. A clean end of src is passed on as a
 // half-close of dst; an error tears down both sockets so the other direction
 // ends too. io.Copy between two *net.TCPConn uses splice(2): the bytes never
-// enter user space, which is why neither side is wrapped in anything.
-func copyHalf(dst, src net.Conn, done chan<- struct{}) {
-	if done != nil {
-		defer close(done)
+// enter user space, which is why neither side is wrapped in anything. The
+// error goes to errc when it is not nil, and is returned too.
+func copyHalf(dst, src net.Conn, errc chan<- error) (err error) {
+	if errc != nil {
+		defer func() { errc <- err }()
 	}
-	if _, err := io.Copy(dst, src); err != nil {
+	if _, err = io.Copy(dst, src); err != nil {
 		_ = dst.Close()
 		_ = src.Close()
-		return
+		return err
 	}
 	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 		_ = cw.CloseWrite()
 	} else {
 		_ = dst.Close()
 	}
+	return nil
 }
 
 // isLocalExhaustion reports errors caused by this process or host running

@@ -5,10 +5,12 @@ package main
 import (
 	"net"
 	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -84,4 +86,135 @@ func TestProxySurvivesDescriptorExhaustion(t *testing.T) {
 	if got := px.acceptStalledFor(); got != 0 {
 		t.Errorf("accept stall after serving a client: got %v; want 0", got)
 	}
+}
+
+// blackHole returns a loopback address whose SYNs are dropped: a listener
+// with a backlog of 0 whose accept queue the test fills and never drains.
+// Dials to it hang until their timeout, as to a powered-off node.
+func blackHole(t *testing.T) string {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*unix.SockaddrInet4).Port))
+	for range 8 {
+		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
+		if err != nil {
+			return addr // the queue is full: this SYN was dropped
+		}
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	t.Fatal("accept queue never filled")
+	return ""
+}
+
+func TestHedgedDialRidesThroughBlackHole(t *testing.T) {
+	hole := blackHole(t)
+	alive := startUpstream(t, echo)
+	px := startProxy(t, poolConfig{}, hole, alive.addr)
+	for i := range 12 {
+		start := time.Now()
+		c := dialProxy(t, px.addr)
+		if err := roundTrip(c, []byte("hedged")); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		// Without hedging, a pick of the hole costs the 2 s dial timeout.
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("connection %d took %v; want under 1 s with hedging", i, d)
+		}
+		_ = c.Close()
+	}
+	started := testutil.ToFloat64(px.m.hedgedDials)
+	won := testutil.ToFloat64(px.m.hedgedWins)
+	if started < 1 || won < 1 {
+		t.Errorf("hedged dials started %v, won %v; want both at least 1", started, won)
+	}
+	// Dials to the hole lost the race; they are not its failures.
+	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(hole)); got != 0 {
+		t.Errorf("connection_errors_total{hole}: got %v; want 0 for dials that lost a race", got)
+	}
+}
+
+func TestHedgingOffWaitsForDialTimeout(t *testing.T) {
+	hole := blackHole(t)
+	alive := startUpstream(t, echo)
+	px := startProxyDial(t, poolConfig{}, nil, hole, alive.addr)
+	px.hedge = false
+	px.pool.mu.Lock()
+	u := px.pool.upstreams[alive.addr]
+	px.pool.mu.Unlock()
+	// Only the hole is pickable, so the first dial goes there.
+	px.pool.reportCheck(u, 0, errCheck)
+	px.pool.reportCheck(u, 0, errCheck)
+	start := time.Now()
+	c := dialProxy(t, px.addr)
+	if err := roundTrip(c, []byte("slow")); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 2*time.Second {
+		t.Errorf("without hedging the connection took %v; want the 2 s dial timeout first", d)
+	}
+}
+
+// sockOpt reads an int TCP option of c.
+func sockOpt(t *testing.T, c net.Conn, opt int) int {
+	t.Helper()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var serr error
+	if err := rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, opt) }); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	return v
+}
+
+func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
+	up := startUpstream(t, echo)
+	px := startProxy(t, poolConfig{sweep: true}, up.addr)
+	c := dialProxy(t, px.addr)
+	if err := roundTrip(c, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	px.pool.mu.Lock()
+	u := px.pool.upstreams[up.addr]
+	var upConn net.Conn
+	for pc := range u.conns {
+		upConn = pc.upstream
+	}
+	px.pool.mu.Unlock()
+	check := func(when string, idle, userTimeout int) {
+		t.Helper()
+		if got := sockOpt(t, upConn, unix.TCP_KEEPIDLE); got != idle {
+			t.Errorf("%s: TCP_KEEPIDLE got %d; want %d", when, got, idle)
+		}
+		if got := sockOpt(t, upConn, unix.TCP_USER_TIMEOUT); got != userTimeout {
+			t.Errorf("%s: TCP_USER_TIMEOUT got %d; want %d", when, got, userTimeout)
+		}
+	}
+	check("normal", 30, 30000)
+	px.pool.reportCheck(u, 0, errCheck)
+	check("after one failed check", 1, 3000)
+	if got := sockOpt(t, upConn, unix.TCP_KEEPCNT); got != 3 {
+		t.Errorf("TCP_KEEPCNT while suspect: got %d; want 3", got)
+	}
+	px.pool.reportCheck(u, time.Millisecond, nil)
+	check("after recovery", 30, 30000)
 }

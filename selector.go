@@ -1,22 +1,108 @@
 package main
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"slices"
+	"time"
 )
 
-// selector is the policy that picks an upstream for a new connection.
+// selector is the policy that orders upstreams for new connections.
 type selector interface {
-	// pick returns an upstream from s that new connections may use and that
-	// is not in tried, or nil when there is none. It must not block.
-	pick(s *snapshot, tried []*upstream) *upstream
+	// order groups candidates by preference. A new connection picks at
+	// random in the first group; a retried or hedged dial takes the next
+	// untried upstream, moving down the groups. all is every upstream in the
+	// pool, candidates or not. order is called with pool.mu held.
+	order(all, candidates []*upstream) [][]*upstream
 }
 
-// randomSelector picks uniformly among the pickable upstreams.
+// randomSelector treats every candidate alike.
 type randomSelector struct{}
 
-func (randomSelector) pick(s *snapshot, tried []*upstream) *upstream {
-	return pickRandom(s.pickable, tried)
+func (randomSelector) order(_, candidates []*upstream) [][]*upstream {
+	if len(candidates) == 0 {
+		return nil
+	}
+	return [][]*upstream{candidates}
+}
+
+// latencySelector prefers the lowest latency tier that has a candidate; see
+// buildTiers. Upstreams without a sample yet join that tier.
+type latencySelector struct {
+	m *metrics
+	// groups is each upstream's group in the previous build, for the
+	// hysteresis of buildTiers. Guarded by pool.mu, like every order call.
+	groups map[string]int
+}
+
+func newLatencySelector(m *metrics) *latencySelector {
+	return &latencySelector{m: m, groups: map[string]int{}}
+}
+
+func (s *latencySelector) order(all, candidates []*upstream) [][]*upstream {
+	// Unhealthy and draining upstreams keep their tier, so losing part of a
+	// tier does not let a farther tier in.
+	var samples []rttSample
+	for _, u := range all {
+		if u.hasRTT {
+			samples = append(samples, rttSample{addr: u.addr, avg: u.rtt})
+		}
+	}
+	tiers := buildTiers(samples, s.groups)
+	s.groups = groupsOf(tiers)
+	for _, u := range all {
+		if u.hasRTT {
+			s.m.upstreamRTT.WithLabelValues(u.addr).Set(u.rtt.Seconds())
+			s.m.upstreamTier.WithLabelValues(u.addr).Set(float64(s.groups[u.addr]))
+		}
+	}
+	byTier := make([][]*upstream, len(tiers))
+	var fresh []*upstream
+	for _, u := range candidates {
+		if !u.hasRTT {
+			fresh = append(fresh, u)
+			continue
+		}
+		byTier[s.groups[u.addr]] = append(byTier[s.groups[u.addr]], u)
+	}
+	var out [][]*upstream
+	for _, group := range byTier {
+		if len(group) > 0 {
+			out = append(out, group)
+		}
+	}
+	// A new upstream takes picks before its first check, but only a share
+	// of the best tier's, not of every upstream's.
+	if len(out) == 0 {
+		if len(fresh) == 0 {
+			return nil
+		}
+		return [][]*upstream{fresh}
+	}
+	out[0] = append(out[0], fresh...)
+	return out
+}
+
+// groupsOf maps each address to the index of its tier.
+func groupsOf(tiers [][]string) map[string]int {
+	g := make(map[string]int)
+	for i, tier := range tiers {
+		for _, addr := range tier {
+			g[addr] = i
+		}
+	}
+	return g
+}
+
+// pickFrom returns a random untried upstream of the first group that has
+// one, or nil.
+func pickFrom(groups [][]*upstream, tried []*upstream) *upstream {
+	for _, g := range groups {
+		if u := pickRandom(g, tried); u != nil {
+			return u
+		}
+	}
+	return nil
 }
 
 // pickRandom returns a uniformly random member of candidates that is not in
@@ -42,4 +128,87 @@ func pickRandom(candidates, tried []*upstream) *upstream {
 		k--
 	}
 	return nil // unreachable: k < n
+}
+
+const (
+	// tierSlack and tierFactor set a tier's limit: max(best+slack, factor*best).
+	tierSlack  = 2 * time.Millisecond
+	tierFactor = 2
+	// tierStay lets a member stay in its group up to 25 % past the limit, so
+	// an upstream near the boundary does not flap between tiers.
+	tierStay = 1.25
+	// rttAlpha is the EWMA weight of a new sample. With samples capped at
+	// four times the average, one slow check moves the average by at most
+	// 1.9x, while a lasting increase shows within a handful of checks.
+	rttAlpha = 0.3
+	// rttCapFactor and rttCapFloor bound one sample: min(sample, max(4*avg, 2ms)).
+	rttCapFactor = 4
+	rttCapFloor  = 2 * time.Millisecond
+)
+
+// nextRTT folds a successful check's connect time into the smoothed average.
+// A first sample is taken as is; a sample below a quarter of the average
+// replaces it, so a slow first check is undone by the next normal one.
+func nextRTT(avg time.Duration, have bool, sample time.Duration) time.Duration {
+	if !have || sample < avg/rttCapFactor {
+		return sample
+	}
+	sample = min(sample, max(rttCapFactor*avg, rttCapFloor))
+	return time.Duration(rttAlpha*float64(sample) + (1-rttAlpha)*float64(avg))
+}
+
+// tierLimit is the highest average that joins a tier whose best is best.
+func tierLimit(best time.Duration) time.Duration {
+	return max(best+tierSlack, tierFactor*best)
+}
+
+// rttSample is one upstream's smoothed connect time.
+type rttSample struct {
+	addr string
+	avg  time.Duration
+}
+
+// buildTiers groups upstreams by latency. Tier 0 holds every upstream whose
+// average is at most tierLimit(best), best being the lowest average; tier 1
+// applies the same rule to the rest, and so on. prev maps an address to its
+// group in the previous build: an upstream stays in the group of a member of
+// the new tier's core up to tierStay times the limit. Because stickiness is
+// about groups, not tier numbers, a tier appearing or vanishing above a group
+// does not split it. The result lists addresses, ordered tiers first.
+func buildTiers(samples []rttSample, prev map[string]int) [][]string {
+	rest := slices.Clone(samples)
+	slices.SortFunc(rest, func(a, b rttSample) int {
+		return cmp.Or(cmp.Compare(a.avg, b.avg), cmp.Compare(a.addr, b.addr))
+	})
+	var tiers [][]string
+	for len(rest) > 0 {
+		var tier []string
+		tier, rest = takeTier(rest, prev)
+		tiers = append(tiers, tier)
+	}
+	return tiers
+}
+
+// takeTier removes the next tier from rest, which is sorted by average.
+func takeTier(rest []rttSample, prev map[string]int) (tier []string, left []rttSample) {
+	limit := tierLimit(rest[0].avg)
+	stay := time.Duration(tierStay * float64(limit))
+	coreGroups := map[int]bool{}
+	for _, s := range rest {
+		if s.avg > limit {
+			break
+		}
+		if g, ok := prev[s.addr]; ok {
+			coreGroups[g] = true
+		}
+	}
+	for _, s := range rest {
+		g, had := prev[s.addr]
+		if s.avg <= limit || (s.avg <= stay && had && coreGroups[g]) {
+			tier = append(tier, s.addr)
+		} else {
+			left = append(left, s)
+		}
+	}
+	return tier, left
 }

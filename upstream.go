@@ -30,6 +30,14 @@ type upstream struct {
 	failStreak  int
 	lastHealthy time.Time // last successful check or dial; orders last-resort dials
 	lastErr     error     // last failed check or dial
+	rtt         time.Duration // smoothed connect time of successful checks
+	hasRTT      bool
+	// suspect is set from the first failed check or dial until the next
+	// success; while set, the upstream's sockets use sweepSettings.
+	suspect bool
+	// recheck asks the probe loop for a check now; a failed client dial
+	// pokes it. Buffered: one pending request is enough.
+	recheck chan struct{}
 
 	draining   bool
 	drainDone  chan struct{} // closed when the current drain ends early (aborted or emptied)
@@ -41,8 +49,11 @@ type upstream struct {
 // snapshot is an immutable view of the pool that the accept path reads
 // without locking. The pool publishes a new one on every state change.
 type snapshot struct {
-	pickable []*upstream // healthy and not draining, ordered by address
-	fallback []*upstream // not draining, most recently healthy first (last resort)
+	groups   [][]*upstream // healthy, not draining, by preference (see selector)
+	fallback []*upstream   // not draining, most recently healthy first (last resort)
+	healthy  int           // healthy, not draining upstreams
+	// hedgeDelay is how long a dial may take before a second one starts.
+	hedgeDelay time.Duration
 }
 
 // poolConfig holds the timing the pool applies to every upstream.
@@ -50,6 +61,12 @@ type poolConfig struct {
 	interval     time.Duration // between health checks
 	timeout      time.Duration // per health check
 	drainTimeout time.Duration // grace period for connections of a removed upstream
+	// quickRecheck is the delay of the check that follows a failed one, so
+	// two failures take seconds rather than two intervals; 0 turns it off.
+	quickRecheck time.Duration
+	// sweep switches a suspect upstream's sockets to sweepSettings so the
+	// kernel finds connections to a vanished peer within seconds.
+	sweep bool
 }
 
 // pool owns the set of upstreams: it adds and drains them as discovery
@@ -123,6 +140,7 @@ func (p *pool) addLocked(addr string) {
 		errs:    p.m.connectionErrors.WithLabelValues(addr),
 		healthy: true, // a new upstream takes picks before its first check
 		conns:   make(map[*proxyConn]struct{}),
+		recheck: make(chan struct{}, 1),
 	}
 	p.upstreams[addr] = u
 	p.m.healthStatus.WithLabelValues(addr).Set(1)
@@ -201,22 +219,50 @@ func (p *pool) removeLocked(u *upstream) {
 	p.m.forgetUpstream(u.addr)
 }
 
-// report applies one health-check or client-dial result to u's state machine.
-func (p *pool) report(u *upstream, err error) {
+// reportCheck applies one health-check result to u's state machine; rtt is
+// the connect time of a successful check. It reports whether u failed but is
+// still included, so a quick check should confirm the failure.
+func (p *pool) reportCheck(u *upstream, rtt time.Duration, err error) (confirm bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.reportLocked(u, err)
+	if err == nil && !u.removed && !u.draining {
+		u.rtt = nextRTT(u.rtt, u.hasRTT, rtt)
+		u.hasRTT = true
+	}
+	// A new sample may move tiers and the hedge delay, so every success
+	// publishes too.
+	if p.applyLocked(u, err) || err == nil {
+		p.publishLocked()
+	}
+	return err != nil && u.healthy
 }
 
-func (p *pool) reportLocked(u *upstream, err error) {
-	if u.removed || u.draining {
-		return // checks stop while draining; the state holds until removal
+// reportDial applies a failed client dial to u's state machine and asks for
+// a check at once, so a dead upstream is confirmed without waiting an
+// interval.
+func (p *pool) reportDial(u *upstream, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.applyLocked(u, err) {
+		p.publishLocked()
 	}
-	changed := false
+	select {
+	case u.recheck <- struct{}{}:
+	default:
+	}
+}
+
+// applyLocked moves u's state machine by one result and reports whether the
+// pickable set changed.
+func (p *pool) applyLocked(u *upstream, err error) (changed bool) {
+	if u.removed || u.draining {
+		return false // checks stop while draining; the state holds until removal
+	}
 	if err == nil {
 		u.failStreak = 0
 		u.lastHealthy = time.Now()
 		u.lastErr = nil
+		p.setSuspectLocked(u, false)
 		if !u.healthy {
 			u.healthy = true
 			changed = true
@@ -225,6 +271,7 @@ func (p *pool) reportLocked(u *upstream, err error) {
 	} else {
 		u.failStreak++
 		u.lastErr = err
+		p.setSuspectLocked(u, true)
 		if u.healthy && u.failStreak >= failThreshold {
 			u.healthy = false
 			changed = true
@@ -233,7 +280,24 @@ func (p *pool) reportLocked(u *upstream, err error) {
 	}
 	if changed {
 		p.m.healthStatus.WithLabelValues(u.addr).Set(boolGauge(u.healthy))
-		p.publishLocked()
+	}
+	return changed
+}
+
+// setSuspectLocked switches u's open sockets between the normal and the
+// sweep settings when u's suspicion changes.
+func (p *pool) setSuspectLocked(u *upstream, suspect bool) {
+	if !p.cfg.sweep || u.suspect == suspect {
+		return
+	}
+	u.suspect = suspect
+	settings := normalSettings
+	if suspect {
+		settings = sweepSettings
+		u.log.Info("upstream suspect: sweeping its connections", "connections", len(u.conns))
+	}
+	for pc := range u.conns {
+		settings.apply(pc.upstream)
 	}
 }
 
@@ -245,7 +309,9 @@ func (p *pool) connected(u *upstream, pc *proxyConn) bool {
 	if u.draining || u.removed {
 		return false
 	}
-	p.reportLocked(u, nil)
+	if p.applyLocked(u, nil) {
+		p.publishLocked()
+	}
 	u.conns[pc] = struct{}{}
 	return true
 }
@@ -276,30 +342,39 @@ func (p *pool) detach(u *upstream, pc *proxyConn) {
 // publishLocked rebuilds the snapshot and the pool gauges.
 func (p *pool) publishLocked() {
 	s := &snapshot{}
+	all := make([]*upstream, 0, len(p.upstreams))
+	var candidates []*upstream
 	for _, u := range p.upstreams {
+		all = append(all, u)
 		if u.draining {
 			continue
 		}
 		s.fallback = append(s.fallback, u)
 		if u.healthy {
-			s.pickable = append(s.pickable, u)
+			candidates = append(candidates, u)
 		}
 	}
-	slices.SortFunc(s.pickable, func(a, b *upstream) int { return cmp.Compare(a.addr, b.addr) })
+	byAddr := func(a, b *upstream) int { return cmp.Compare(a.addr, b.addr) }
+	slices.SortFunc(all, byAddr)
+	slices.SortFunc(candidates, byAddr)
 	slices.SortFunc(s.fallback, func(a, b *upstream) int {
 		if c := b.lastHealthy.Compare(a.lastHealthy); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.addr, b.addr)
+		return byAddr(a, b)
 	})
+	s.healthy = len(candidates)
+	s.groups = p.sel.order(all, candidates)
+	s.hedgeDelay = hedgeDelay(s.groups)
 	p.snap.Store(s)
-	p.m.upstreamsActive.Set(float64(len(s.pickable)))
+	p.m.upstreamsActive.Set(float64(s.healthy))
 	p.m.upstreamsTotal.Set(float64(len(p.upstreams)))
 }
 
-// pick returns a pickable upstream that is not in tried, or nil.
+// pick returns a pickable upstream that is not in tried, or nil: a random
+// one of the most preferred group that has an untried member.
 func (p *pool) pick(tried []*upstream) *upstream {
-	return p.sel.pick(p.snap.Load(), tried)
+	return pickFrom(p.snap.Load().groups, tried)
 }
 
 // lastResort returns the most recently healthy non-draining upstream that is
@@ -315,7 +390,7 @@ func (p *pool) lastResort(tried []*upstream) *upstream {
 
 // ready reports whether at least one upstream is healthy and not draining.
 func (p *pool) ready() bool {
-	return len(p.snap.Load().pickable) > 0
+	return p.snap.Load().healthy > 0
 }
 
 // responsive reports whether the pool's lock can be taken; the liveness

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -26,17 +27,19 @@ type fakeChecks struct {
 	block   map[string]bool
 	calls   map[string]int
 	callsAt map[string][]time.Time
+	rtt     map[string]time.Duration // connect time reported; 1ms when unset
 }
 
 func newFakeChecks() *fakeChecks {
-	return &fakeChecks{fail: map[string]bool{}, block: map[string]bool{}, calls: map[string]int{}, callsAt: map[string][]time.Time{}}
+	return &fakeChecks{fail: map[string]bool{}, block: map[string]bool{}, calls: map[string]int{},
+		callsAt: map[string][]time.Time{}, rtt: map[string]time.Duration{}}
 }
 
 func (f *fakeChecks) check(ctx context.Context, addr string) (time.Duration, error) {
 	f.mu.Lock()
 	f.calls[addr]++
 	f.callsAt[addr] = append(f.callsAt[addr], time.Now())
-	fail, block := f.fail[addr], f.block[addr]
+	fail, block, rtt := f.fail[addr], f.block[addr], f.rtt[addr]
 	f.mu.Unlock()
 	if block {
 		<-ctx.Done()
@@ -45,7 +48,7 @@ func (f *fakeChecks) check(ctx context.Context, addr string) (time.Duration, err
 	if fail {
 		return 0, errCheck
 	}
-	return time.Millisecond, nil
+	return cmp.Or(rtt, time.Millisecond), nil
 }
 
 func (f *fakeChecks) set(addr string, fail bool) {
@@ -161,14 +164,15 @@ func TestClientDialsFeedTheSameStreak(t *testing.T) {
 		tp.update([]string{a})
 		synctest.Wait()
 		u := tp.upstream(a)
-		tp.report(u, errCheck) // a failed client dial
+		tp.reportDial(u, errCheck) // a failed client dial
 		tp.checks.set(a, true)
 		time.Sleep(20 * time.Second) // then a failed check
 		synctest.Wait()
 		if got := tp.status(a); got != 0 {
 			t.Errorf("after a failed dial and a failed check: got %v; want 0", got)
 		}
-		tp.report(u, nil) // a successful client dial re-includes it
+		pc, _, _ := pipeConn()
+		tp.connected(u, pc) // a successful client dial re-includes it
 		if got := tp.status(a); got != 1 {
 			t.Errorf("after a successful dial: got %v; want 1", got)
 		}
@@ -292,10 +296,10 @@ func TestLastResortOrder(t *testing.T) {
 		// Fail all three, the most recently healthy being 10.0.0.2.
 		for _, addr := range []string{addrs[0], addrs[2], addrs[1]} {
 			u := tp.upstream(addr)
-			tp.report(u, nil)
+			tp.reportCheck(u, time.Millisecond, nil)
 			time.Sleep(time.Second)
-			tp.report(u, errCheck)
-			tp.report(u, errCheck)
+			tp.reportCheck(u, 0, errCheck)
+			tp.reportCheck(u, 0, errCheck)
 		}
 		if tp.pick(nil) != nil {
 			t.Fatal("pick returned an upstream while none is healthy")
@@ -315,16 +319,190 @@ func TestLastResortOrder(t *testing.T) {
 
 func TestPickSkipsTried(t *testing.T) {
 	a, b := &upstream{addr: "a"}, &upstream{addr: "b"}
-	s := &snapshot{pickable: []*upstream{a, b}}
+	groups := (randomSelector{}).order(nil, []*upstream{a, b})
 	for range 100 {
-		if got := (randomSelector{}).pick(s, []*upstream{a}); got != b {
+		if got := pickFrom(groups, []*upstream{a}); got != b {
 			t.Fatalf("pick with a tried: got %v; want b", got.addr)
 		}
 	}
-	if got := (randomSelector{}).pick(s, []*upstream{a, b}); got != nil {
+	if got := pickFrom(groups, []*upstream{a, b}); got != nil {
 		t.Fatalf("pick with all tried: got %v; want nil", got.addr)
 	}
-	if got := (randomSelector{}).pick(&snapshot{}, nil); got != nil {
-		t.Fatalf("pick from empty snapshot: got %v; want nil", got.addr)
+	if got := pickFrom(nil, nil); got != nil {
+		t.Fatalf("pick from no groups: got %v; want nil", got.addr)
 	}
+}
+
+// newLatencyPool is newTestPool with latency selection.
+func newLatencyPool(cfg poolConfig) *testPool {
+	tp := newTestPool(cfg)
+	tp.sel = newLatencySelector(tp.m)
+	return tp
+}
+
+// picks returns how often each address is picked in n picks.
+func picks(p *pool, n int) map[string]int {
+	got := map[string]int{}
+	for range n {
+		if u := p.pick(nil); u != nil {
+			got[u.addr]++
+		}
+	}
+	return got
+}
+
+func TestLatencySelectionPrefersLowestTier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newLatencyPool(defaultTestPool)
+		defer tp.close()
+		const near1, near2, far = "10.0.0.1:6443", "10.0.0.2:6443", "10.0.9.1:6443"
+		tp.checks.rtt[near1] = 1 * time.Millisecond
+		tp.checks.rtt[near2] = 2 * time.Millisecond
+		tp.checks.rtt[far] = 40 * time.Millisecond
+		tp.update([]string{near1, near2, far})
+		synctest.Wait()
+		got := picks(tp.pool, 1000)
+		if got[far] != 0 || got[near1] < 300 || got[near2] < 300 {
+			t.Errorf("picks: got %v; want near1 and near2 about evenly, far never", got)
+		}
+		for addr, tier := range map[string]float64{near1: 0, near2: 0, far: 1} {
+			if v := testutil.ToFloat64(tp.m.upstreamTier.WithLabelValues(addr)); v != tier {
+				t.Errorf("upstream_latency_tier{%s}: got %v; want %v", addr, v, tier)
+			}
+		}
+		if v := testutil.ToFloat64(tp.m.upstreamRTT.WithLabelValues(far)); v != 0.040 {
+			t.Errorf("upstream_rtt_seconds{far}: got %v; want 0.040", v)
+		}
+
+		// Losing one near upstream does not let far in.
+		tp.checks.set(near1, true)
+		time.Sleep(40 * time.Second)
+		synctest.Wait()
+		if got := picks(tp.pool, 200); got[near2] != 200 {
+			t.Errorf("picks with near1 unhealthy: got %v; want near2 only", got)
+		}
+		// Losing all of tier 0 hands over to the next tier.
+		tp.checks.set(near2, true)
+		time.Sleep(40 * time.Second)
+		synctest.Wait()
+		if got := picks(tp.pool, 200); got[far] != 200 {
+			t.Errorf("picks with tier 0 unhealthy: got %v; want far only", got)
+		}
+		// Unhealthy upstreams keep their tier.
+		if v := testutil.ToFloat64(tp.m.upstreamTier.WithLabelValues(near1)); v != 0 {
+			t.Errorf("tier of unhealthy near1: got %v; want 0", v)
+		}
+	})
+}
+
+func TestLatencyNewUpstreamSharesOnlyBestTier(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newLatencyPool(defaultTestPool)
+		defer tp.close()
+		const near, far, fresh = "10.0.0.1:6443", "10.0.9.1:6443", "10.0.0.7:6443"
+		tp.checks.rtt[near] = 1 * time.Millisecond
+		tp.checks.rtt[far] = 40 * time.Millisecond
+		tp.update([]string{near, far})
+		synctest.Wait()
+		tp.checks.block[fresh] = true // its first check hangs: no sample yet
+		tp.update([]string{near, far, fresh})
+		got := picks(tp.pool, 1000)
+		if got[far] != 0 || got[fresh] < 350 || got[near] < 350 {
+			t.Errorf("picks with a new upstream: got %v; want near and fresh evenly, far never", got)
+		}
+		if n := testutil.CollectAndCount(tp.m.upstreamRTT); n != 2 {
+			t.Errorf("upstream_rtt_seconds series before the new upstream's first success: got %d; want 2", n)
+		}
+	})
+}
+
+func TestLatencyRemovedUpstreamLeavesTiersAfterDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newLatencyPool(defaultTestPool)
+		defer tp.close()
+		const a, b, c = "10.0.0.1:6443", "10.0.0.2:6443", "10.0.9.1:6443"
+		tp.checks.rtt[a] = 1 * time.Millisecond
+		tp.checks.rtt[b] = 20 * time.Millisecond
+		tp.checks.rtt[c] = 30 * time.Millisecond
+		tp.update([]string{a, b, c})
+		synctest.Wait()
+		pc, _, _ := pipeConn()
+		tp.connected(tp.upstream(a), pc)
+		tp.update([]string{b, c}) // a drains with a connection open
+		// While a drains it keeps tier 0, so b and c share tier 1.
+		if v := testutil.ToFloat64(tp.m.upstreamTier.WithLabelValues(b)); v != 1 {
+			t.Errorf("tier of b while a drains: got %v; want 1", v)
+		}
+		time.Sleep(defaultTestPool.drainTimeout)
+		synctest.Wait()
+		if n := testutil.CollectAndCount(tp.m.upstreamTier); n != 2 {
+			t.Errorf("tier series after a drained: got %d; want 2", n)
+		}
+		if v := testutil.ToFloat64(tp.m.upstreamTier.WithLabelValues(b)); v != 0 {
+			t.Errorf("tier of b after a left: got %v; want 0", v)
+		}
+	})
+}
+
+func TestRandomModeHasNoLatencyMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newTestPool(defaultTestPool)
+		defer tp.close()
+		tp.update([]string{"10.0.0.1:6443"})
+		synctest.Wait()
+		if n := testutil.CollectAndCount(tp.m.upstreamRTT) + testutil.CollectAndCount(tp.m.upstreamTier); n != 0 {
+			t.Errorf("latency series in random mode: got %d; want 0", n)
+		}
+	})
+}
+
+func TestQuickRecheckConfirmsFailureInSeconds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := defaultTestPool
+		cfg.quickRecheck = time.Second
+		tp := newTestPool(cfg)
+		defer tp.close()
+		const a = "10.0.0.1:6443"
+		tp.checks.set(a, true)
+		start := time.Now()
+		tp.update([]string{a})
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := tp.status(a); got != 0 {
+			t.Errorf("health_check_status 1 s after the first failed check: got %v; want 0", got)
+		}
+		tp.checks.mu.Lock()
+		at := tp.checks.callsAt[a]
+		tp.checks.mu.Unlock()
+		if len(at) != 2 || at[1].Sub(start) != time.Second {
+			t.Errorf("check times: got %v; want at 0 s and 1 s", at)
+		}
+		// Once excluded, checks return to the normal interval.
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if got := tp.checks.count(a); got != 3 {
+			t.Errorf("checks after exclusion: got %d; want 3 (0 s, 1 s, 21 s)", got)
+		}
+	})
+}
+
+func TestFailedDialTriggersCheck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newTestPool(defaultTestPool)
+		defer tp.close()
+		const a = "10.0.0.1:6443"
+		tp.update([]string{a})
+		synctest.Wait()
+		tp.checks.set(a, true)
+		time.Sleep(3 * time.Second)
+		tp.reportDial(tp.upstream(a), errCheck)
+		synctest.Wait()
+		if got := tp.checks.count(a); got != 2 {
+			t.Fatalf("checks after a failed dial: got %d; want 2 (the first, and one at once)", got)
+		}
+		if got := tp.status(a); got != 0 {
+			t.Errorf("after a failed dial and the check it caused: got %v; want 0", got)
+		}
+	})
 }

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+)
+
+const ms = time.Millisecond
+
+func samples(kv ...any) []rttSample {
+	var s []rttSample
+	for i := 0; i < len(kv); i += 2 {
+		s = append(s, rttSample{addr: kv[i].(string), avg: kv[i+1].(time.Duration)})
+	}
+	return s
+}
+
+func TestBuildTiers(t *testing.T) {
+	tests := []struct {
+		name    string
+		samples []rttSample
+		prev    map[string]int
+		want    [][]string
+	}{
+		{"one upstream", samples("a", 5*ms), nil, [][]string{{"a"}}},
+		{"sub-millisecond site is one tier", samples("a", 300*time.Microsecond, "b", 900*time.Microsecond, "c", 2*ms), nil,
+			[][]string{{"a", "b", "c"}}},
+		{"limit is 2x best: exactly 2x joins", samples("a", 10*ms, "b", 20*ms), nil, [][]string{{"a", "b"}}},
+		{"limit is 2x best: just past it does not", samples("a", 10*ms, "b", 20*ms+1), nil, [][]string{{"a"}, {"b"}}},
+		{"limit is best+2ms when that is larger", samples("a", 1*ms, "b", 3*ms), nil, [][]string{{"a", "b"}}},
+		{"best+2ms: just past it does not join", samples("a", 1*ms, "b", 3*ms+1), nil, [][]string{{"a"}, {"b"}}},
+		{"rule applied repeatedly", samples("e", 50*ms, "a", 1*ms, "c", 10*ms, "b", 2*ms, "d", 15*ms), nil,
+			[][]string{{"a", "b"}, {"c", "d"}, {"e"}}},
+		{"member stays up to +25% exactly", samples("a", 10*ms, "b", 25*ms), map[string]int{"a": 0, "b": 0},
+			[][]string{{"a", "b"}}},
+		{"member leaves past +25%", samples("a", 10*ms, "b", 25*ms+1), map[string]int{"a": 0, "b": 0},
+			[][]string{{"a"}, {"b"}}},
+		{"no stickiness without shared group", samples("a", 10*ms, "b", 22*ms), map[string]int{"a": 0, "b": 1},
+			[][]string{{"a"}, {"b"}}},
+		{"joining uses the plain limit", samples("a", 10*ms, "b", 19*ms), map[string]int{"a": 0, "b": 1},
+			[][]string{{"a", "b"}}},
+		{"tier appearing above keeps a group whole", samples("n", 1*ms, "a", 10*ms, "b", 22*ms),
+			map[string]int{"a": 0, "b": 0}, [][]string{{"n"}, {"a", "b"}}},
+		{"tier vanishing above keeps a group whole", samples("a", 10*ms, "b", 22*ms),
+			map[string]int{"n": 0, "a": 1, "b": 1}, [][]string{{"a", "b"}}},
+		{"group follows a merged core member", samples("a", 9*ms, "b", 10*ms, "c", 19*ms),
+			map[string]int{"a": 0, "b": 1, "c": 1}, [][]string{{"a", "b", "c"}}},
+		{"empty", nil, nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := buildTiers(tt.samples, tt.prev)
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got %v; want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestBuildTiersProperties(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for iter := range 2000 {
+		n := 1 + r.IntN(12)
+		var s []rttSample
+		avg := map[string]time.Duration{}
+		for i := range n {
+			a := fmt.Sprintf("u%d", i)
+			d := time.Duration(r.Int64N(int64(200 * ms)))
+			s = append(s, rttSample{addr: a, avg: d})
+			avg[a] = d
+		}
+		prev := map[string]int{}
+		for _, x := range s {
+			if r.IntN(3) > 0 {
+				prev[x.addr] = r.IntN(4)
+			}
+		}
+		tiers := buildTiers(s, prev)
+		seen := map[string]int{}
+		lastBest := time.Duration(-1)
+		for _, tier := range tiers {
+			if len(tier) == 0 {
+				t.Fatalf("iteration %d: empty tier in %v", iter, tiers)
+			}
+			best := avg[tier[0]]
+			for _, a := range tier {
+				seen[a]++
+				best = min(best, avg[a])
+			}
+			if best <= lastBest {
+				t.Fatalf("iteration %d: tiers not ordered by best average: %v", iter, tiers)
+			}
+			lastBest = best
+		}
+		for _, x := range s {
+			if seen[x.addr] != 1 {
+				t.Fatalf("iteration %d: %s in %d tiers; want exactly 1", iter, x.addr, seen[x.addr])
+			}
+		}
+		again := buildTiers(s, groupsOf(tiers))
+		if !reflect.DeepEqual(again, tiers) {
+			t.Fatalf("iteration %d: rebuild with unchanged averages: got %v; want %v", iter, again, tiers)
+		}
+	}
+}
+
+func TestNextRTT(t *testing.T) {
+	tests := []struct {
+		name   string
+		avg    time.Duration
+		have   bool
+		sample time.Duration
+		want   time.Duration
+	}{
+		{"first sample taken as is", 0, false, 80 * ms, 80 * ms},
+		{"smoothed", 10 * ms, true, 20 * ms, 13 * ms},
+		{"capped at 4x the average", 10 * ms, true, 1000 * ms, 19 * ms},
+		{"cap never below 2ms", 100 * time.Microsecond, true, 50 * ms, 670 * time.Microsecond},
+		{"below a quarter replaces", 100 * ms, true, 20 * ms, 20 * ms},
+		{"exactly a quarter is smoothed", 100 * ms, true, 25 * ms, 77500 * time.Microsecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := nextRTT(tt.avg, tt.have, tt.sample)
+			if d := got - tt.want; d < -time.Microsecond || d > time.Microsecond {
+				t.Errorf("got %v; want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestNextRTTFollowsLastingIncrease(t *testing.T) {
+	// An upstream at 1ms that moves to 100ms must leave tier 0 (stay limit
+	// 1.25 * 3ms) within a few checks, and a single slow check must not.
+	stay := time.Duration(tierStay * float64(tierLimit(1*ms)))
+	if once := nextRTT(1*ms, true, 1000*ms); once > stay {
+		t.Errorf("one slow check: average %v; want at most the stay limit %v", once, stay)
+	}
+	avg, checks := 1*ms, 0
+	for avg <= stay {
+		avg = nextRTT(avg, true, 100*ms)
+		checks++
+	}
+	if checks > 3 {
+		t.Errorf("checks until a lasting 1ms -> 100ms increase leaves tier 0: got %d; want <= 3", checks)
+	}
+	for range 12 {
+		avg = nextRTT(avg, true, 100*ms)
+	}
+	if avg < 90*ms {
+		t.Errorf("average after 15 checks at 100ms: got %v; want >= 90ms", avg)
+	}
+}
