@@ -28,8 +28,8 @@ type upstream struct {
 
 	healthy     bool
 	failStreak  int
-	lastHealthy time.Time // last successful check or dial; orders last-resort dials
-	lastErr     error     // last failed check or dial
+	lastHealthy time.Time     // last successful check or dial; orders last-resort dials
+	lastErr     error         // last failed check or dial
 	rtt         time.Duration // smoothed connect time of successful checks
 	hasRTT      bool
 	// suspect is set from the first failed check or dial until the next
