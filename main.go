@@ -52,6 +52,17 @@
 // An upstream removed from the endpoint list stops taking connections and
 // its open ones get --drain-timeout to finish; re-adding it aborts the drain.
 //
+// # Selection and black holes
+//
+// --upstream-selection random picks uniformly among healthy upstreams;
+// latency prefers the lowest tier of smoothed connect times (see the README
+// for the exact rule). A dial slower than the hedge delay (4x the slowest
+// connect time of the preferred tier, 50-500 ms) gets a second dial to
+// another upstream; the first to connect wins. A failed check is confirmed
+// after 1 s, and from the first failure until the next success the
+// upstream's sockets get 1 s keepalive and a 3 s TCP_USER_TIMEOUT, so
+// connections to a vanished peer close within seconds.
+//
 // # Health server
 //
 // On --health-bind-address:--health-port: /healthz (liveness: the run loop
@@ -65,8 +76,10 @@
 // extractedprism_upstreams_active, _upstreams_total, _connections_active,
 // _connections_total, _connection_errors_total{upstream},
 // _discovery_updates_total{provider}, _discovery_errors_total{provider},
-// _health_check_status{upstream}, and with the modes that produce them
-// _upstream_rtt_seconds, _upstream_latency_tier and _upstream_ready.
+// _health_check_status{upstream}, _hedged_dials_total,
+// _hedged_dials_won_total, _dead_connections_closed_total, and with the
+// modes that produce them _upstream_rtt_seconds, _upstream_latency_tier and
+// _upstream_ready.
 //
 // # Shutdown
 //

@@ -268,3 +268,21 @@ func TestBeatSkippedWhileAcceptFails(t *testing.T) {
 		}
 	})
 }
+
+func TestRunLatencyModeReportsTiers(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	d := startDaemon(t, nil, "--endpoints", a.addr+","+b.addr, "--upstream-selection", "latency")
+	waitFor(t, "tier series for both upstreams", func() bool {
+		_, body := httpGet(d.healthBase + "/metrics")
+		return strings.Count(body, "extractedprism_upstream_latency_tier{") == 2 &&
+			strings.Count(body, "extractedprism_upstream_rtt_seconds{") == 2
+	})
+	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("latency mode")); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -315,6 +315,7 @@ type connDial struct {
 	tried        []*upstream
 	inflight     int
 	drainRetried bool
+	won          bool
 	stop         bool // no further dials: out of descriptors or drain retried
 	lastErr      error
 }
@@ -356,6 +357,7 @@ func (cd *connDial) finish(a attempt, pc *proxyConn) bool {
 		if a.hedged {
 			cd.p.m.hedgedWins.Inc()
 		}
+		cd.won = true
 		cd.cancel() // the other dial, if any, lost
 		return true
 	}
@@ -388,12 +390,17 @@ func (cd *connDial) failed(a attempt) {
 }
 
 // wait cancels the dials still in flight and waits for them, closing any
-// that connected after another had won.
+// that connected after another had won. A dial that lost a race was slower
+// than the hedge delay: not a failure, but worth a health check now, which
+// starts the sweep of the upstream's connections if it has vanished.
 func (cd *connDial) wait() {
 	cd.cancel()
 	for ; cd.inflight > 0; cd.inflight-- {
-		if a := <-cd.results; a.err == nil {
+		a := <-cd.results
+		if a.err == nil {
 			_ = a.conn.Close()
+		} else if cd.won {
+			cd.p.pool.requestCheck(a.u)
 		}
 	}
 }

@@ -32,7 +32,7 @@ type testUpstream struct {
 	wg       sync.WaitGroup
 }
 
-func startUpstream(t *testing.T, handler func(net.Conn)) *testUpstream {
+func startUpstream(t testing.TB, handler func(net.Conn)) *testUpstream {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -246,6 +246,12 @@ func (p *pool) reportDial(u *upstream, err error) {
 	if p.applyLocked(u, err) {
 		p.publishLocked()
 	}
+	p.requestCheck(u)
+}
+
+// requestCheck asks u's probe loop for a check now. A pending request is
+// enough; more are dropped.
+func (p *pool) requestCheck(u *upstream) {
 	select {
 	case u.recheck <- struct{}{}:
 	default:

@@ -1,0 +1,325 @@
+//go:build linux
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// privateNetnsEnv marks the copy of the test binary that runs in a private
+// network namespace.
+const privateNetnsEnv = "EP_TEST_PRIVATE_NETNS"
+
+// inPrivateNetns runs the current test binary again under `unshare -n`, in a
+// network namespace of its own with only a loopback link, where nftables
+// rules can black-hole an upstream without touching the host. In that copy
+// it brings loopback up and returns true; in the caller it runs the copy
+// with args, passes its output on, and returns false.
+func inPrivateNetns(tb testing.TB, args ...string) bool {
+	tb.Helper()
+	if os.Getenv(privateNetnsEnv) == "1" {
+		runCmd(tb, "ip", "link", "set", "lo", "up")
+		return true
+	}
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root for a private network namespace")
+	}
+	for _, tool := range []string{"unshare", "ip", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			tb.Skipf("needs %s (apt-get install iproute2 nftables util-linux): %v", tool, err)
+		}
+	}
+	cmd := exec.Command("unshare", append([]string{"-n", os.Args[0]}, args...)...)
+	cmd.Env = append(os.Environ(), privateNetnsEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	fmt.Print(string(out))
+	if err != nil {
+		tb.Fatalf("run in a private network namespace: %v", err)
+	}
+	return false
+}
+
+func runCmd(tb testing.TB, name string, args ...string) {
+	tb.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		tb.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+// dropPort makes every packet to or from port vanish, like a node whose
+// cable was cut, and returns the function that restores it.
+func dropPort(tb testing.TB, port int) (restore func()) {
+	tb.Helper()
+	p := strconv.Itoa(port)
+	runCmd(tb, "nft", "add", "table", "inet", "eptest")
+	runCmd(tb, "nft", "add", "chain", "inet", "eptest", "out", "{ type filter hook output priority 0; }")
+	runCmd(tb, "nft", "add", "rule", "inet", "eptest", "out", "tcp", "dport", p, "drop")
+	runCmd(tb, "nft", "add", "rule", "inet", "eptest", "out", "tcp", "sport", p, "drop")
+	return func() { runCmd(tb, "nft", "delete", "table", "inet", "eptest") }
+}
+
+// mechanisms turns the black-hole mechanisms of the data path on and off.
+type mechanisms struct {
+	hedge, quick, sweep bool
+}
+
+func (m mechanisms) String() string {
+	on := func(b bool) string {
+		if b {
+			return "on"
+		}
+		return "off"
+	}
+	return fmt.Sprintf("hedge %s, quick check %s, sweep %s", on(m.hedge), on(m.quick), on(m.sweep))
+}
+
+// holeBench is a proxy in front of three echo upstreams with the issue's
+// settings: --health-interval 5s --health-timeout 2s.
+type holeBench struct {
+	px     *proxy
+	addr   string
+	ups    []*testUpstream
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func newHoleBench(tb testing.TB, mech mechanisms) *holeBench {
+	tb.Helper()
+	cfg := poolConfig{interval: 5 * time.Second, timeout: 2 * time.Second, drainTimeout: 10 * time.Second, sweep: mech.sweep}
+	if mech.quick {
+		cfg.quickRecheck = quickRecheck
+	}
+	m := newMetrics(prometheus.NewRegistry())
+	log := slog.New(slog.DiscardHandler)
+	pl := newPool(log, m, cfg, tcpCheck, randomSelector{})
+	px := newProxy(log, m, pl, cfg.timeout, 4096)
+	px.hedge = mech.hedge
+	ln, err := listenTCP(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	hb := &holeBench{px: px, addr: ln.Addr().String(), cancel: cancel}
+	for range 3 {
+		hb.ups = append(hb.ups, startUpstream(tb, echo))
+	}
+	hb.wg.Go(func() { px.serve(ctx, ln) })
+	return hb
+}
+
+func (hb *holeBench) close() {
+	hb.cancel()
+	hb.wg.Wait()
+	_ = hb.px.shutdown(5 * time.Second)
+	hb.px.pool.close()
+}
+
+// holdConns opens n idle connections through the proxy while only the
+// victim is listed, so all of them land on it; then lists all three.
+func (hb *holeBench) holdConns(tb testing.TB, n int) []net.Conn {
+	tb.Helper()
+	hb.px.pool.update([]string{hb.ups[0].addr})
+	var conns []net.Conn
+	for range n {
+		c, err := net.DialTimeout("tcp", hb.addr, 5*time.Second)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := roundTrip(c, []byte("hold")); err != nil {
+			tb.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	hb.px.pool.update([]string{hb.ups[0].addr, hb.ups[1].addr, hb.ups[2].addr})
+	time.Sleep(100 * time.Millisecond) // first checks of the two new upstreams
+	return conns
+}
+
+// watchClose reports, for each conn, how long after start the client saw it
+// closed, or -1 if it was still open at deadline.
+func watchClose(conns []net.Conn, start, deadline time.Time) []time.Duration {
+	out := make([]time.Duration, len(conns))
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Go(func() {
+			_ = c.SetReadDeadline(deadline)
+			_, err := c.Read(make([]byte, 1))
+			var ne net.Error
+			if err == nil || (asNetErr(err, &ne) && ne.Timeout()) {
+				out[i] = -1
+				return
+			}
+			out[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func asNetErr(err error, target *net.Error) bool {
+	ne, ok := err.(net.Error) //nolint:errorlint // read errors are not wrapped
+	if ok {
+		*target = ne
+	}
+	return ok
+}
+
+// phase is one stretch of the new-connection stream.
+type phase struct {
+	name   string
+	ttfb   []time.Duration
+	failed int
+}
+
+// stream opens a connection every 20 ms for d, each sending a byte and
+// waiting for its echo, and records the time to first byte.
+func (hb *holeBench) stream(name string, d time.Duration) phase {
+	ph := phase{name: name}
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		start := time.Now()
+		c, err := net.DialTimeout("tcp", hb.addr, 5*time.Second)
+		if err == nil {
+			err = roundTrip(c, []byte{1})
+			_ = c.Close()
+		}
+		if err != nil {
+			ph.failed++
+		} else {
+			ph.ttfb = append(ph.ttfb, time.Since(start))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return ph
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))]
+}
+
+// blackHoleRun is the result of one black-hole run.
+type blackHoleRun struct {
+	phases []phase
+	closed []time.Duration
+}
+
+// runBlackHole holds conns on the victim, streams new connections before,
+// during and after the victim turns into a black hole, and measures.
+func runBlackHole(tb testing.TB, mech mechanisms, held int, during time.Duration) blackHoleRun {
+	hb := newHoleBench(tb, mech)
+	defer hb.close()
+	conns := hb.holdConns(tb, held)
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	var r blackHoleRun
+	r.phases = append(r.phases, hb.stream("before", time.Second))
+	restore := dropPort(tb, hb.ups[0].ln.Addr().(*net.TCPAddr).Port)
+	start := time.Now()
+	var wg sync.WaitGroup
+	wg.Go(func() { r.closed = watchClose(conns, start, start.Add(during)) })
+	r.phases = append(r.phases, hb.stream("during", during))
+	wg.Wait()
+	restore()
+	r.phases = append(r.phases, hb.stream("after", 2*time.Second))
+	return r
+}
+
+func TestSweepClosesConnectionsToVanishedPeer(t *testing.T) {
+	if !inPrivateNetns(t, "-test.run=^TestSweepClosesConnectionsToVanishedPeer$", "-test.v") {
+		return
+	}
+	r := runBlackHole(t, mechanisms{hedge: true, quick: true, sweep: true}, 5, 10*time.Second)
+	for i, d := range r.closed {
+		if d < 0 || d > 6*time.Second {
+			t.Errorf("long-lived connection %d closed after %v; want within 6 s of the black hole", i, d)
+		}
+	}
+	for _, ph := range r.phases {
+		if ph.failed != 0 {
+			t.Errorf("%s: %d new connections failed; want 0", ph.name, ph.failed)
+		}
+		if p99 := percentile(ph.ttfb, 0.99); p99 > time.Second {
+			t.Errorf("%s: p99 time to first byte %v; want under 1 s", ph.name, p99)
+		}
+	}
+}
+
+// BenchmarkBlackHole prints, for each combination of the three mechanisms,
+// the time to first byte of a stream of new connections before, during and
+// after one of three upstreams becomes a black hole, and how long the
+// connections held on it take to close. Run as root:
+//
+//	go test -run '^$' -bench BlackHole -benchtime 1x
+func BenchmarkBlackHole(b *testing.B) {
+	if !inPrivateNetns(b, "-test.run=^$", "-test.bench=^BenchmarkBlackHole$", "-test.benchtime=1x") {
+		return
+	}
+	runs := []mechanisms{
+		{true, true, true},
+		{false, true, true},
+		{true, false, true},
+		{true, true, false},
+		{false, false, false},
+	}
+	var sb strings.Builder
+	fmt.Fprintln(&sb, "\nBlack hole: 3 upstreams, --health-interval 5s --health-timeout 2s; 10 idle connections held on the victim; a new connection every 20 ms.")
+	fmt.Fprintln(&sb, "\n| mechanisms | phase | new conns | failed | p50 TTFB | p99 TTFB | max TTFB | held conns closed (max) |")
+	fmt.Fprintln(&sb, "|---|---|---|---|---|---|---|---|")
+	for range b.N {
+		for _, mech := range runs {
+			r := runBlackHole(b, mech, 10, 12*time.Second)
+			for _, ph := range r.phases {
+				closed := ""
+				if ph.name == "during" {
+					closed = closedSummary(r.closed)
+				}
+				fmt.Fprintf(&sb, "| %s | %s | %d | %d | %v | %v | %v | %s |\n", mech, ph.name, len(ph.ttfb)+ph.failed,
+					ph.failed, round(percentile(ph.ttfb, 0.5)), round(percentile(ph.ttfb, 0.99)), round(percentile(ph.ttfb, 1)), closed)
+			}
+		}
+	}
+	_, _ = io.WriteString(os.Stdout, sb.String())
+}
+
+func closedSummary(closed []time.Duration) string {
+	n, worst := 0, time.Duration(0)
+	for _, d := range closed {
+		if d >= 0 {
+			n++
+			worst = max(worst, d)
+		}
+	}
+	if n < len(closed) {
+		return fmt.Sprintf("%d/%d within 12 s", n, len(closed))
+	}
+	return fmt.Sprintf("%d/%d, %v", n, len(closed), round(worst))
+}
+
+func round(d time.Duration) time.Duration {
+	if d > time.Second {
+		return d.Round(10 * time.Millisecond)
+	}
+	return d.Round(10 * time.Microsecond)
+}
