@@ -132,7 +132,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	if err := unbuiltModes(cfg); err != nil {
+	if err := checkReadyzCA(cfg); err != nil {
 		return err
 	}
 	level, err := parseLogLevel(cfg.LogLevel)
@@ -154,11 +154,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	return d.run(ctx, lbLn, healthLn)
 }
 
-// unbuiltModes rejects the modes this build does not implement yet, rather
-// than accept them and behave like the defaults.
-func unbuiltModes(cfg *config) error {
-	if cfg.HealthCheck != "tcp" {
-		return fmt.Errorf("--health-check (EP_HEALTH_CHECK) %q is not implemented in this build; use tcp", cfg.HealthCheck)
+// checkReadyzCA fails start-up when readyz probes are on and their CA is
+// unreadable: unlike a credential, which may appear later, the CA is needed
+// from the first probe. Probes still re-read it, so it can rotate.
+func checkReadyzCA(cfg *config) error {
+	if cfg.HealthCheck != "readyz" {
+		return nil
+	}
+	if _, err := (&readyzProbe{caFile: cfg.HealthCheckCAFile}).tlsConfig(); err != nil {
+		return fmt.Errorf("--health-check-ca-file (EP_HEALTH_CHECK_CA_FILE): %w", err)
 	}
 	return nil
 }
@@ -181,13 +185,24 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 	if cfg.UpstreamSelection == "latency" {
 		sel = newLatencySelector(m)
 	}
+	check := tcpCheck
+	if cfg.HealthCheck == "readyz" {
+		check = (&readyzProbe{
+			caFile:     cfg.HealthCheckCAFile,
+			certFile:   cfg.HealthCheckCertFile,
+			keyFile:    cfg.HealthCheckKeyFile,
+			tokenFile:  cfg.HealthCheckTokenFile,
+			serverName: cfg.HealthCheckServerName,
+		}).check
+	}
 	pl := newPool(log, m, poolConfig{
 		interval:     cfg.HealthInterval,
 		timeout:      cfg.HealthTimeout,
 		drainTimeout: cfg.DrainTimeout,
 		quickRecheck: quickRecheck,
 		sweep:        true,
-	}, tcpCheck, sel)
+		readyz:       cfg.HealthCheck == "readyz",
+	}, check, sel)
 	return &daemon{
 		cfg:       cfg,
 		log:       log,
@@ -239,6 +254,10 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	d.log.Info("starting", "listen", lbLn.Addr().String(), "health", healthLn.Addr().String(),
 		"endpoints", d.cfg.Endpoints)
 	srv := newHealthServer(healthLn.Addr().String(), newHealthHandler(d.heartbeat.alive, d.pool.ready, d.reg), d.log)
+	// The static endpoints are known before anything listens: seed the pool
+	// with them so the first client never finds it empty. Discovery sends
+	// the same list again, which changes nothing.
+	d.pool.update(d.cfg.Endpoints)
 	updates := make(chan []string)
 	discDone := make(chan error, 1)
 	var healthErr error

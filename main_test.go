@@ -67,7 +67,12 @@ func startDaemon(t *testing.T, env map[string]string, args ...string) *runningDa
 	d.cancel = cancel
 	getenv := func(k string) string { return env[k] }
 	go func() { d.done <- run(ctx, args, getenv, d.logs) }()
-	t.Cleanup(func() { d.stop(t) })
+	t.Cleanup(func() {
+		d.stop(t)
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.logs.String())
+		}
+	})
 	waitFor(t, "/healthz to answer", func() bool {
 		code, _ := httpGet(d.healthBase + "/healthz")
 		return code == http.StatusOK

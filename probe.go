@@ -1,28 +1,53 @@
 package main
 
 import (
+	"bufio"
+	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"os"
+	"strings"
 	"time"
 )
 
-// checkFunc runs one health check of addr within ctx's deadline and returns
-// the connect time of a successful check.
-type checkFunc func(ctx context.Context, addr string) (time.Duration, error)
+// checkResult is the outcome of one health check.
+type checkResult struct {
+	rtt time.Duration // connect time of a successful TCP check
+	err error         // the TCP check failed
+	// probed is set when a /readyz probe ran, after a successful connect;
+	// notReady is its failure, nil when the upstream answered 200.
+	probed   bool
+	notReady error
+}
+
+// checkFunc runs one health check of addr within ctx's deadline.
+type checkFunc func(ctx context.Context, addr string) checkResult
 
 // tcpCheck connects to addr and closes the connection at once. The connect
 // time includes name resolution for hostname endpoints.
-func tcpCheck(ctx context.Context, addr string) (time.Duration, error) {
+func tcpCheck(ctx context.Context, addr string) checkResult {
+	c, rtt, err := connectTimed(ctx, addr)
+	if err != nil {
+		return checkResult{err: err}
+	}
+	closeAbortive(c)
+	return checkResult{rtt: rtt}
+}
+
+func connectTimed(ctx context.Context, addr string) (net.Conn, time.Duration, error) {
 	var d net.Dialer
 	start := time.Now()
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return 0, fmt.Errorf("health check %s: %w", addr, err)
+		return nil, 0, fmt.Errorf("health check %s: %w", addr, err)
 	}
-	rtt := time.Since(start)
-	closeAbortive(c)
-	return rtt, nil
+	return c, time.Since(start), nil
 }
 
 // closeAbortive closes c with a reset instead of a FIN. A probe that closes
@@ -49,16 +74,16 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		case <-t.C:
 		case <-u.recheck:
 		}
-		rtt, err := p.checkOnce(ctx, u)
+		res := p.checkOnce(ctx, u)
 		if ctx.Err() != nil {
 			return // stopped mid-check: the result says nothing about u
 		}
 		next := p.cfg.interval
-		if err != nil && isLocalExhaustion(err) {
+		if isLocalExhaustion(res.err) || isLocalExhaustion(res.notReady) {
 			// Out of descriptors here: blaming u would mark every
 			// upstream dead at once. Try again next interval.
-			u.log.Warn("health check skipped: local resources exhausted", "err", err)
-		} else if p.reportCheck(u, rtt, err) && p.cfg.quickRecheck > 0 {
+			u.log.Warn("health check skipped: local resources exhausted", "err", cmp.Or(res.err, res.notReady))
+		} else if p.reportCheck(u, res) && p.cfg.quickRecheck > 0 {
 			next = min(p.cfg.quickRecheck, next)
 		}
 		t.Reset(next)
@@ -66,8 +91,110 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 }
 
 // checkOnce runs one check under its own deadline.
-func (p *pool) checkOnce(ctx context.Context, u *upstream) (time.Duration, error) {
+func (p *pool) checkOnce(ctx context.Context, u *upstream) checkResult {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.timeout)
 	defer cancel()
 	return p.check(ctx, u.addr)
+}
+
+// readyzProbe is the --health-check=readyz check: a TCP connect, then an
+// HTTPS GET /readyz on the same connection, both within the check deadline.
+// Credentials are read from their files on every probe, so rotation needs
+// no restart, and a credential that does not exist yet fails the probe, not
+// the daemon.
+type readyzProbe struct {
+	caFile     string
+	certFile   string // with keyFile: client certificate, may be one file
+	keyFile    string
+	tokenFile  string // bearer token
+	serverName string // the serving certificate is verified against it
+}
+
+// maxReadyzResponse bounds what a probe reads of an answer, so an upstream
+// sending endless headers costs a few kilobytes, not memory.
+const maxReadyzResponse = 64 << 10
+
+var errNotReady = errors.New("readyz: not ready")
+
+func (r *readyzProbe) check(ctx context.Context, addr string) checkResult {
+	c, rtt, err := connectTimed(ctx, addr)
+	if err != nil {
+		return checkResult{err: err}
+	}
+	defer closeAbortive(c)
+	return checkResult{rtt: rtt, probed: true, notReady: r.probe(ctx, c)}
+}
+
+// probe sends GET /readyz over c and reports nil for a 200 answer. Redirects
+// are not followed: they are answers other than 200.
+func (r *readyzProbe) probe(ctx context.Context, c net.Conn) error {
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	cfg, err := r.tlsConfig()
+	if err != nil {
+		return err
+	}
+	tc := tls.Client(c, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return fmt.Errorf("readyz: TLS handshake: %w", err)
+	}
+	req, err := r.request(ctx)
+	if err != nil {
+		return err
+	}
+	if err := req.Write(tc); err != nil {
+		return fmt.Errorf("readyz: send request: %w", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(io.LimitReader(tc, maxReadyzResponse)), req)
+	if err != nil {
+		return fmt.Errorf("readyz: read response: %w", err)
+	}
+	_ = resp.Body.Close() // the connection is closed right after
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%w: status %d", errNotReady, resp.StatusCode)
+	}
+	return nil
+}
+
+func (r *readyzProbe) tlsConfig() (*tls.Config, error) {
+	caPEM, err := os.ReadFile(r.caFile)
+	if err != nil {
+		return nil, fmt.Errorf("readyz: read CA: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("readyz: no certificate in CA file %s", r.caFile)
+	}
+	cfg := &tls.Config{
+		RootCAs:    roots,
+		ServerName: r.serverName,
+		MinVersion: tls.VersionTLS12,
+		NextProtos: []string{"http/1.1"},
+	}
+	if r.certFile != "" {
+		cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("readyz: load client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+func (r *readyzProbe) request(ctx context.Context) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+r.serverName+"/readyz", nil)
+	if err != nil {
+		return nil, fmt.Errorf("readyz: %w", err)
+	}
+	req.Header.Set("User-Agent", "extractedprism")
+	req.Close = true
+	if r.tokenFile != "" {
+		tok, err := os.ReadFile(r.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("readyz: read token: %w", err)
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	}
+	return req, nil
 }

@@ -38,13 +38,13 @@ func TestTCPCheckLeavesNoTimeWait(t *testing.T) {
 	port := up.ln.Addr().(*net.TCPAddr).Port
 	for range 20 {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		rtt, err := tcpCheck(ctx, up.addr)
+		res := tcpCheck(ctx, up.addr)
 		cancel()
-		if err != nil {
-			t.Fatal(err)
+		if res.err != nil {
+			t.Fatal(res.err)
 		}
-		if rtt <= 0 {
-			t.Errorf("connect time: got %v; want > 0", rtt)
+		if res.rtt <= 0 || res.probed {
+			t.Errorf("check result: got %+v; want a connect time and no probe", res)
 		}
 	}
 	waitFor(t, "the upstream to see every check end", func() bool { return up.openCount() == 0 })
@@ -56,12 +56,12 @@ func TestTCPCheckLeavesNoTimeWait(t *testing.T) {
 func TestTCPCheckFailsOnRefusedAndTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	if _, err := tcpCheck(ctx, deadAddr(t)); err == nil {
+	if res := tcpCheck(ctx, deadAddr(t)); res.err == nil {
 		t.Error("check of a closed port: got nil error")
 	}
 	expired, cancel2 := context.WithTimeout(context.Background(), 0)
 	defer cancel2()
-	if _, err := tcpCheck(expired, "127.0.0.1:1"); err == nil {
+	if res := tcpCheck(expired, "127.0.0.1:1"); res.err == nil {
 		t.Error("check with an expired deadline: got nil error")
 	}
 }

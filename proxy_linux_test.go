@@ -156,8 +156,8 @@ func TestHedgingOffWaitsForDialTimeout(t *testing.T) {
 	u := px.pool.upstreams[alive.addr]
 	px.pool.mu.Unlock()
 	// Only the hole is pickable, so the first dial goes there.
-	px.pool.reportCheck(u, 0, errCheck)
-	px.pool.reportCheck(u, 0, errCheck)
+	px.pool.reportCheck(u, checkResult{err: errCheck})
+	px.pool.reportCheck(u, checkResult{err: errCheck})
 	start := time.Now()
 	c := dialProxy(t, px.addr)
 	if err := roundTrip(c, []byte("slow")); err != nil {
@@ -210,11 +210,11 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 		}
 	}
 	check("normal", 30, 30000)
-	px.pool.reportCheck(u, 0, errCheck)
+	px.pool.reportCheck(u, checkResult{err: errCheck})
 	check("after one failed check", 1, 3000)
 	if got := sockOpt(t, upConn, unix.TCP_KEEPCNT); got != 3 {
 		t.Errorf("TCP_KEEPCNT while suspect: got %d; want 3", got)
 	}
-	px.pool.reportCheck(u, time.Millisecond, nil)
+	px.pool.reportCheck(u, checkResult{rtt: time.Millisecond})
 	check("after recovery", 30, 30000)
 }

@@ -348,8 +348,8 @@ func TestProxyLastResortWhenNothingPickable(t *testing.T) {
 	// Mark both unhealthy as two failed checks would.
 	for _, addr := range []string{alive.addr, dead} {
 		u := px.pool.upstreams[addr]
-		px.pool.reportCheck(u, 0, errors.New("test: check failed"))
-		px.pool.reportCheck(u, 0, errors.New("test: check failed"))
+		px.pool.reportCheck(u, checkResult{err: errors.New("test: check failed")})
+		px.pool.reportCheck(u, checkResult{err: errors.New("test: check failed")})
 	}
 	if px.pool.ready() {
 		t.Fatal("pool ready with every upstream unhealthy")

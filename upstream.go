@@ -39,6 +39,19 @@ type upstream struct {
 	// pokes it. Buffered: one pending request is enough.
 	recheck chan struct{}
 
+	// Readiness, with --health-check=readyz only. readyPending is set for a
+	// new upstream and after a failed TCP check: not ready until the next
+	// probe passes, and its connections are not moved meanwhile.
+	ready        bool
+	readyPending bool
+	readyKnown   bool // a probe has run: upstream_ready is exported
+	readyStreak  int
+	// evictDone is closed when a pending eviction (closing the connections
+	// of an unready upstream while another is ready) is called off; evicted
+	// is set once it fired, until the condition ends.
+	evictDone chan struct{}
+	evicted   bool
+
 	draining   bool
 	drainDone  chan struct{} // closed when the current drain ends early (aborted or emptied)
 	removed    bool
@@ -67,6 +80,9 @@ type poolConfig struct {
 	// sweep switches a suspect upstream's sockets to sweepSettings so the
 	// kernel finds connections to a vanished peer within seconds.
 	sweep bool
+	// readyz makes readiness part of selection; checks then return probe
+	// results.
+	readyz bool
 }
 
 // pool owns the set of upstreams: it adds and drains them as discovery
@@ -141,6 +157,8 @@ func (p *pool) addLocked(addr string) {
 		healthy: true, // a new upstream takes picks before its first check
 		conns:   make(map[*proxyConn]struct{}),
 		recheck: make(chan struct{}, 1),
+
+		readyPending: true, // not ready until its first probe passes
 	}
 	p.upstreams[addr] = u
 	p.m.healthStatus.WithLabelValues(addr).Set(1)
@@ -210,6 +228,7 @@ func (p *pool) endDrainLocked(u *upstream) {
 // deletes its metric series.
 func (p *pool) removeLocked(u *upstream) {
 	p.endDrainLocked(u)
+	p.cancelEvictionLocked(u)
 	u.removed = true
 	delete(p.upstreams, u.addr)
 	for pc := range u.conns {
@@ -222,19 +241,59 @@ func (p *pool) removeLocked(u *upstream) {
 // reportCheck applies one health-check result to u's state machine; rtt is
 // the connect time of a successful check. It reports whether u failed but is
 // still included, so a quick check should confirm the failure.
-func (p *pool) reportCheck(u *upstream, rtt time.Duration, err error) (confirm bool) {
+func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if err == nil && !u.removed && !u.draining {
-		u.rtt = nextRTT(u.rtt, u.hasRTT, rtt)
+	if res.err == nil && !u.removed && !u.draining {
+		u.rtt = nextRTT(u.rtt, u.hasRTT, res.rtt)
 		u.hasRTT = true
+	}
+	changed := p.applyLocked(u, res.err)
+	if p.cfg.readyz && p.applyReadyLocked(u, res) {
+		changed = true
 	}
 	// A new sample may move tiers and the hedge delay, so every success
 	// publishes too.
-	if p.applyLocked(u, err) || err == nil {
+	if changed || res.err == nil {
 		p.publishLocked()
 	}
-	return err != nil && u.healthy
+	return res.err != nil && u.healthy
+}
+
+// applyReadyLocked moves u's readiness by one check result and reports
+// whether it changed.
+func (p *pool) applyReadyLocked(u *upstream, res checkResult) bool {
+	if u.removed || u.draining {
+		return false
+	}
+	wasReady, wasPending := u.ready, u.readyPending
+	switch {
+	case res.err != nil: // unreachable: not ready until a probe passes again
+		u.ready, u.readyPending, u.readyStreak = false, true, 0
+	case !res.probed:
+		return false
+	case res.notReady == nil:
+		u.ready, u.readyPending, u.readyStreak = true, false, 0
+	default:
+		u.readyStreak++
+		if u.readyPending || u.readyStreak >= failThreshold {
+			u.ready, u.readyPending = false, false
+		}
+	}
+	if res.probed {
+		u.readyKnown = true
+	}
+	if u.readyKnown {
+		p.m.upstreamReady.WithLabelValues(u.addr).Set(boolGauge(u.ready))
+	}
+	if u.ready != wasReady {
+		if u.ready {
+			u.log.Info("upstream ready")
+		} else {
+			u.log.Warn("upstream not ready", "err", cmp.Or(res.err, res.notReady))
+		}
+	}
+	return u.ready != wasReady || u.readyPending != wasPending
 }
 
 // reportDial applies a failed client dial to u's state machine and asks for
@@ -370,11 +429,82 @@ func (p *pool) publishLocked() {
 		return byAddr(a, b)
 	})
 	s.healthy = len(candidates)
+	if p.cfg.readyz {
+		// Ready upstreams only while any is ready; with none ready, every
+		// TCP-healthy one, so losing quorum everywhere degrades to tcp.
+		ready := slices.DeleteFunc(slices.Clone(candidates), func(u *upstream) bool { return !u.ready })
+		p.updateEvictionsLocked(all, len(ready))
+		if len(ready) > 0 {
+			candidates = ready
+		}
+	}
 	s.groups = p.sel.order(all, candidates)
 	s.hedgeDelay = hedgeDelay(s.groups)
 	p.snap.Store(s)
 	p.m.upstreamsActive.Set(float64(s.healthy))
 	p.m.upstreamsTotal.Set(float64(len(p.upstreams)))
+}
+
+// updateEvictionsLocked starts, calls off or keeps the eviction of each
+// upstream's connections: an upstream that failed its probes while another
+// healthy upstream is ready loses its connections after drainTimeout, so
+// long-lived clients (kubelet watches) move to a ready one. ready counts the
+// healthy, non-draining, ready upstreams.
+func (p *pool) updateEvictionsLocked(all []*upstream, ready int) {
+	for _, u := range all {
+		want := !u.draining && !u.ready && !u.readyPending && ready > 0
+		switch {
+		case !want:
+			p.cancelEvictionLocked(u)
+			u.evicted = false
+		case u.evictDone != nil || u.evicted:
+			// pending or done
+		case p.cfg.drainTimeout == 0:
+			p.evictLocked(u)
+		default:
+			u.evictDone = make(chan struct{})
+			u.log.Info("upstream not ready while another is: closing its connections after the drain timeout",
+				"connections", len(u.conns), "timeout", p.cfg.drainTimeout)
+			done := u.evictDone
+			p.wg.Go(func() { p.evictWait(u, done) })
+		}
+	}
+}
+
+func (p *pool) cancelEvictionLocked(u *upstream) {
+	if u.evictDone != nil {
+		close(u.evictDone)
+		u.evictDone = nil
+		u.log.Info("closing of connections called off")
+	}
+}
+
+// evictWait closes u's connections when the drain timeout expires, unless
+// the eviction was called off first.
+func (p *pool) evictWait(u *upstream, done chan struct{}) {
+	t := time.NewTimer(p.cfg.drainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-p.ctx.Done():
+		return
+	case <-t.C:
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if u.evictDone == done {
+		u.evictDone = nil
+		p.evictLocked(u)
+	}
+}
+
+func (p *pool) evictLocked(u *upstream) {
+	u.evicted = true
+	u.log.Info("closing connections of unready upstream", "connections", len(u.conns))
+	for pc := range u.conns {
+		pc.close()
+	}
 }
 
 // pick returns a pickable upstream that is not in tried, or nil: a random

@@ -28,27 +28,39 @@ type fakeChecks struct {
 	calls   map[string]int
 	callsAt map[string][]time.Time
 	rtt     map[string]time.Duration // connect time reported; 1ms when unset
+	readyz  bool                     // report /readyz probe results
+	unready map[string]bool
 }
 
 func newFakeChecks() *fakeChecks {
 	return &fakeChecks{fail: map[string]bool{}, block: map[string]bool{}, calls: map[string]int{},
-		callsAt: map[string][]time.Time{}, rtt: map[string]time.Duration{}}
+		callsAt: map[string][]time.Time{}, rtt: map[string]time.Duration{}, unready: map[string]bool{}}
 }
 
-func (f *fakeChecks) check(ctx context.Context, addr string) (time.Duration, error) {
+func (f *fakeChecks) check(ctx context.Context, addr string) checkResult {
 	f.mu.Lock()
 	f.calls[addr]++
 	f.callsAt[addr] = append(f.callsAt[addr], time.Now())
-	fail, block, rtt := f.fail[addr], f.block[addr], f.rtt[addr]
+	fail, block, rtt, unready := f.fail[addr], f.block[addr], f.rtt[addr], f.unready[addr]
 	f.mu.Unlock()
 	if block {
 		<-ctx.Done()
-		return 0, ctx.Err()
+		return checkResult{err: ctx.Err()}
 	}
 	if fail {
-		return 0, errCheck
+		return checkResult{err: errCheck}
 	}
-	return cmp.Or(rtt, time.Millisecond), nil
+	res := checkResult{rtt: cmp.Or(rtt, time.Millisecond), probed: f.readyz}
+	if f.readyz && unready {
+		res.notReady = errNotReady
+	}
+	return res
+}
+
+func (f *fakeChecks) setUnready(addr string, unready bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.unready[addr] = unready
 }
 
 func (f *fakeChecks) set(addr string, fail bool) {
@@ -205,8 +217,8 @@ func TestLocalExhaustionDoesNotFailUpstream(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &syncBuffer{}
 		m := newMetrics(prometheus.NewRegistry())
-		emfile := func(context.Context, string) (time.Duration, error) {
-			return 0, &net.OpError{Op: "dial", Err: errEMFILE()}
+		emfile := func(context.Context, string) checkResult {
+			return checkResult{err: &net.OpError{Op: "dial", Err: errEMFILE()}}
 		}
 		p := newPool(slog.New(slog.NewTextHandler(logs, nil)), m, defaultTestPool, emfile, randomSelector{})
 		defer p.close()
@@ -296,10 +308,10 @@ func TestLastResortOrder(t *testing.T) {
 		// Fail all three, the most recently healthy being 10.0.0.2.
 		for _, addr := range []string{addrs[0], addrs[2], addrs[1]} {
 			u := tp.upstream(addr)
-			tp.reportCheck(u, time.Millisecond, nil)
+			tp.reportCheck(u, checkResult{rtt: time.Millisecond})
 			time.Sleep(time.Second)
-			tp.reportCheck(u, 0, errCheck)
-			tp.reportCheck(u, 0, errCheck)
+			tp.reportCheck(u, checkResult{err: errCheck})
+			tp.reportCheck(u, checkResult{err: errCheck})
 		}
 		if tp.pick(nil) != nil {
 			t.Fatal("pick returned an upstream while none is healthy")

@@ -37,6 +37,11 @@ const (
 	// helmVersion is the helm ci.sh builds; findHelm looks for it in the
 	// same cache when $HELM is not set.
 	helmVersion = "v3.22.0"
+
+	// kubeVersion is the Kubernetes version helm template assumes. A helm
+	// built with go install reports v1.20.0 by default, older than the
+	// chart's kubeVersion constraint.
+	kubeVersion = "1.37.2"
 )
 
 // Paths relative to this package's directory, where go test runs.
@@ -110,7 +115,7 @@ func valuesFile(t *testing.T, values map[string]any) string {
 // extra arguments.
 func templateArgs(t *testing.T, values map[string]any, extra ...string) []string {
 	t.Helper()
-	args := []string{"template", releaseName, chartDir, "--namespace", releaseNamespace}
+	args := []string{"template", releaseName, chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion}
 	if values != nil {
 		args = append(args, "--values", valuesFile(t, values))
 	}

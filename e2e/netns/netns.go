@@ -315,7 +315,7 @@ func Sweep(prefix string) []error {
 		if err != nil {
 			continue // the probe namespace of Available, or not ours
 		}
-		if pid != os.Getpid() && processExists(pid) {
+		if processExists(pid) {
 			continue
 		}
 		if err := removeNamespace(name); err != nil {

@@ -1,0 +1,11 @@
+# make image: build the Containerfile with podman, or docker without podman.
+IMAGE ?= extractedprism
+VERSION ?= devel
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+
+.PHONY: image
+image:
+	@engine=$$(command -v podman || command -v docker) || { \
+		echo "make image: neither podman nor docker is installed; install one of them to build the Containerfile" >&2; exit 1; }; \
+	echo "$$engine build -t $(IMAGE) ."; \
+	"$$engine" build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMAGE) -f Containerfile .

@@ -1,0 +1,716 @@
+package test
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+	kubeletCertPath   = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+	nobody            = int64(65534)
+)
+
+// withEndpoints returns values with the example endpoints added to the
+// given ones.
+func withEndpoints(values map[string]any) map[string]any {
+	out := map[string]any{"endpoints": exampleEndpoints}
+	maps.Copy(out, values)
+	return out
+}
+
+func TestHelmLint(t *testing.T) {
+	for _, values := range []map[string]any{
+		withEndpoints(nil),
+		withEndpoints(map[string]any{
+			"healthCheck": "readyz",
+			"readyz":      map[string]any{"credentials": "kubeletCertificate"},
+			"metrics":     map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true}},
+		}),
+	} {
+		if out, err := runHelm(t, "lint", "--strict", chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion, "--values", valuesFile(t, values)); err != nil {
+			t.Errorf("helm lint with %v: %v", values, err)
+		} else if !strings.Contains(out, "0 chart(s) failed") {
+			t.Errorf("helm lint output does not report success:\n%s", out)
+		}
+	}
+}
+
+// chartAppVersion reads appVersion from Chart.yaml, the default image tag.
+func chartAppVersion(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(chartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(data, &chart); err != nil {
+		t.Fatalf("Chart.yaml: %v", err)
+	}
+	if chart.AppVersion == "" {
+		t.Fatal("Chart.yaml has no appVersion")
+	}
+	return chart.AppVersion
+}
+
+// templateCase is one set of values the chart must render, and what the
+// values are meant to change in the result.
+type templateCase struct {
+	name   string
+	values map[string]any
+	check  func(t *testing.T, m *manifest)
+}
+
+// templateCases is the matrix TestTemplateMatrix checks and the API-server
+// test sends to a real kube-apiserver. appVersion is the chart's, the
+// default image tag.
+func templateCases(appVersion string) []templateCase {
+	return []templateCase{
+		{
+			name:   "defaults with endpoints",
+			values: withEndpoints(nil),
+			check: func(t *testing.T, m *manifest) {
+				pod := m.DaemonSet.Spec.Template.Spec
+				c := container(t, m)
+				wantEnv := map[string]string{
+					"EP_ENDPOINTS":          strings.Join(exampleEndpoints, ","),
+					"EP_BIND_ADDRESS":       "127.0.0.1",
+					"EP_BIND_PORT":          "7445",
+					"EP_HEALTH_PORT":        "7446",
+					"EP_HEALTH_INTERVAL":    "20s",
+					"EP_HEALTH_TIMEOUT":     "15s",
+					"EP_ENABLE_DISCOVERY":   "true",
+					"EP_LOG_LEVEL":          "info",
+					"EP_LIVENESS_INTERVAL":  "5s",
+					"EP_LIVENESS_THRESHOLD": "15s",
+					"EP_DRAIN_TIMEOUT":      "30s",
+					"EP_UPSTREAM_SELECTION": "random",
+					"EP_HEALTH_CHECK":       "tcp",
+				}
+				if got := envValues(t, c); !maps.Equal(got, wantEnv) {
+					t.Errorf("env = %v; want %v", got, wantEnv)
+				}
+				if want := "ghcr.io/extractedprism/extractedprism:" + appVersion; c.Image != want {
+					t.Errorf("image = %q; want %q", c.Image, want)
+				}
+				if c.ImagePullPolicy != corev1.PullIfNotPresent {
+					t.Errorf("imagePullPolicy = %q; want IfNotPresent", c.ImagePullPolicy)
+				}
+				checkDiscoveryRBAC(t, m)
+				if !boolValue(pod.AutomountServiceAccountToken) {
+					t.Error("automountServiceAccountToken is not true with discovery on")
+				}
+				if m.ServiceAccount == nil || m.ServiceAccount.Name != releaseName {
+					t.Errorf("ServiceAccount = %v; want one named %q", m.ServiceAccount, releaseName)
+				}
+				checkProbeHost(t, c, "127.0.0.1")
+				if len(c.Ports) != 0 {
+					t.Errorf("ports = %v; want none while the health server is on loopback", c.Ports)
+				}
+				if len(pod.Volumes) != 0 || len(c.VolumeMounts) != 0 {
+					t.Errorf("volumes %v, mounts %v; want none", pod.Volumes, c.VolumeMounts)
+				}
+				checkResources(t, c)
+				if want := intstr.FromInt32(1); *m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable != want {
+					t.Errorf("maxUnavailable = %v; want 1", m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable)
+				}
+				if m.PodMonitor != nil {
+					t.Error("PodMonitor rendered by default")
+				}
+			},
+		},
+		{
+			name:   "discovery off",
+			values: withEndpoints(map[string]any{"discovery": map[string]any{"enabled": false}}),
+			check: func(t *testing.T, m *manifest) {
+				if got := envValues(t, container(t, m))["EP_ENABLE_DISCOVERY"]; got != "false" {
+					t.Errorf("EP_ENABLE_DISCOVERY = %q; want false", got)
+				}
+				if len(m.Roles) != 0 || len(m.RoleBindings) != 0 {
+					t.Errorf("discovery off renders %d Roles and %d RoleBindings; want none", len(m.Roles), len(m.RoleBindings))
+				}
+				if boolValue(m.DaemonSet.Spec.Template.Spec.AutomountServiceAccountToken) {
+					t.Error("the service-account token is mounted although nothing reads it")
+				}
+			},
+		},
+		{
+			name: "readyz with the kubelet certificate",
+			values: withEndpoints(map[string]any{
+				"healthCheck": "readyz",
+				"readyz":      map[string]any{"credentials": "kubeletCertificate"},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				pod := m.DaemonSet.Spec.Template.Spec
+				c := container(t, m)
+				env := envValues(t, c)
+				for name, want := range map[string]string{
+					"EP_HEALTH_CHECK":             "readyz",
+					"EP_HEALTH_CHECK_CA_FILE":     serviceAccountDir + "/ca.crt",
+					"EP_HEALTH_CHECK_SERVER_NAME": "kubernetes.default.svc",
+					"EP_HEALTH_CHECK_CERT_FILE":   kubeletCertPath,
+					"EP_HEALTH_CHECK_KEY_FILE":    kubeletCertPath,
+				} {
+					if env[name] != want {
+						t.Errorf("%s = %q; want %q", name, env[name], want)
+					}
+				}
+				if _, ok := env["EP_HEALTH_CHECK_TOKEN_FILE"]; ok {
+					t.Error("EP_HEALTH_CHECK_TOKEN_FILE set with the certificate credential")
+				}
+				// The directory, not the file: the kubelet swaps the
+				// symlink on rotation, and a file mount would pin the old
+				// certificate.
+				const dir = "/var/lib/kubelet/pki"
+				if len(pod.Volumes) != 1 || pod.Volumes[0].HostPath == nil {
+					t.Fatalf("volumes = %v; want one hostPath", pod.Volumes)
+				}
+				hp := pod.Volumes[0].HostPath
+				if hp.Path != dir || hp.Type == nil || *hp.Type != corev1.HostPathDirectory {
+					t.Errorf("hostPath = %v; want directory %s", hp, dir)
+				}
+				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != pod.Volumes[0].Name ||
+					c.VolumeMounts[0].MountPath != dir || !c.VolumeMounts[0].ReadOnly {
+					t.Errorf("mounts = %v; want %s read-only at %s", c.VolumeMounts, pod.Volumes[0].Name, dir)
+				}
+				// The key is root's, mode 0600: UID 0, and still nothing
+				// else (checkInvariants covers capabilities and the rest).
+				for _, sc := range []struct {
+					where   string
+					uid     *int64
+					nonRoot *bool
+				}{
+					{"pod", pod.SecurityContext.RunAsUser, pod.SecurityContext.RunAsNonRoot},
+					{"container", c.SecurityContext.RunAsUser, c.SecurityContext.RunAsNonRoot},
+				} {
+					if sc.uid == nil || *sc.uid != 0 || boolValue(sc.nonRoot) {
+						t.Errorf("%s runs as %s (runAsNonRoot %s); want UID 0 to read the kubelet key", sc.where, show(sc.uid), show(sc.nonRoot))
+					}
+				}
+				if !boolValue(pod.AutomountServiceAccountToken) {
+					t.Error("the service-account CA is the readyz CA but the volume is not mounted")
+				}
+			},
+		},
+		{
+			name: "readyz with the service-account token",
+			values: withEndpoints(map[string]any{
+				"discovery":   map[string]any{"enabled": false},
+				"healthCheck": "readyz",
+				"readyz":      map[string]any{"credentials": "serviceAccountToken"},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				pod := m.DaemonSet.Spec.Template.Spec
+				env := envValues(t, container(t, m))
+				if got, want := env["EP_HEALTH_CHECK_TOKEN_FILE"], serviceAccountDir+"/token"; got != want {
+					t.Errorf("EP_HEALTH_CHECK_TOKEN_FILE = %q; want %q", got, want)
+				}
+				if got, want := env["EP_HEALTH_CHECK_CA_FILE"], serviceAccountDir+"/ca.crt"; got != want {
+					t.Errorf("EP_HEALTH_CHECK_CA_FILE = %q; want %q", got, want)
+				}
+				for _, name := range []string{"EP_HEALTH_CHECK_CERT_FILE", "EP_HEALTH_CHECK_KEY_FILE"} {
+					if _, ok := env[name]; ok {
+						t.Errorf("%s set with the token credential", name)
+					}
+				}
+				// Discovery is off here, so only the token makes the
+				// service-account volume necessary.
+				if !boolValue(pod.AutomountServiceAccountToken) {
+					t.Error("the token is the readyz credential but the volume is not mounted")
+				}
+				if len(pod.Volumes) != 0 {
+					t.Errorf("volumes = %v; want none", pod.Volumes)
+				}
+				if len(m.Roles) != 0 {
+					t.Errorf("%d Roles with discovery off; the token needs none to GET /readyz", len(m.Roles))
+				}
+			},
+		},
+		{
+			name: "readyz with an own CA and no credential",
+			values: withEndpoints(map[string]any{
+				"discovery":         map[string]any{"enabled": false},
+				"healthCheck":       "readyz",
+				"readyz":            map[string]any{"caFile": "/etc/extractedprism/ca.crt", "serverName": "api.example.com"},
+				"extraVolumes":      []any{map[string]any{"name": "ca", "configMap": map[string]any{"name": "api-ca"}}},
+				"extraVolumeMounts": []any{map[string]any{"name": "ca", "mountPath": "/etc/extractedprism", "readOnly": true}},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				pod := m.DaemonSet.Spec.Template.Spec
+				c := container(t, m)
+				env := envValues(t, c)
+				if env["EP_HEALTH_CHECK_CA_FILE"] != "/etc/extractedprism/ca.crt" || env["EP_HEALTH_CHECK_SERVER_NAME"] != "api.example.com" {
+					t.Errorf("CA %q, server name %q; want the configured ones", env["EP_HEALTH_CHECK_CA_FILE"], env["EP_HEALTH_CHECK_SERVER_NAME"])
+				}
+				if boolValue(pod.AutomountServiceAccountToken) {
+					t.Error("the service-account token is mounted although neither discovery nor readyz reads it")
+				}
+				if len(pod.Volumes) != 1 || pod.Volumes[0].ConfigMap == nil || pod.Volumes[0].ConfigMap.Name != "api-ca" {
+					t.Errorf("volumes = %v; want the extra configMap volume", pod.Volumes)
+				}
+				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/extractedprism" {
+					t.Errorf("mounts = %v; want the extra mount", c.VolumeMounts)
+				}
+			},
+		},
+		{
+			name: "metrics exposed with a PodMonitor",
+			values: withEndpoints(map[string]any{
+				"metrics": map[string]any{
+					"expose":     true,
+					"podMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "prometheus"}},
+				},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				c := container(t, m)
+				var bind *corev1.EnvVar
+				for i := range c.Env {
+					if c.Env[i].Name == "EP_HEALTH_BIND_ADDRESS" {
+						bind = &c.Env[i]
+					}
+				}
+				if bind == nil || bind.ValueFrom == nil || bind.ValueFrom.FieldRef == nil || bind.ValueFrom.FieldRef.FieldPath != "status.hostIP" {
+					t.Errorf("EP_HEALTH_BIND_ADDRESS = %v; want the downward API's status.hostIP", bind)
+				}
+				wantPort := corev1.ContainerPort{Name: "metrics", ContainerPort: 7446, Protocol: corev1.ProtocolTCP}
+				if len(c.Ports) != 1 || c.Ports[0] != wantPort {
+					t.Errorf("ports = %v; want %v", c.Ports, wantPort)
+				}
+				// The health server no longer listens on loopback, so the
+				// probes go to the pod IP, the node IP under hostNetwork.
+				checkProbeHost(t, c, "")
+				pm := m.PodMonitor
+				if pm == nil {
+					t.Fatal("no PodMonitor")
+				}
+				if pm.Metadata.Namespace != releaseNamespace {
+					t.Errorf("PodMonitor namespace = %q; want %q", pm.Metadata.Namespace, releaseNamespace)
+				}
+				if pm.Metadata.Labels["release"] != "prometheus" {
+					t.Errorf("PodMonitor labels = %v; want release=prometheus among them", pm.Metadata.Labels)
+				}
+				podLabels := m.DaemonSet.Spec.Template.Labels
+				if len(pm.Spec.Selector.MatchLabels) == 0 {
+					t.Error("PodMonitor selector is empty")
+				}
+				for k, v := range pm.Spec.Selector.MatchLabels {
+					if podLabels[k] != v {
+						t.Errorf("PodMonitor selects %s=%s; the pods have %q", k, v, podLabels[k])
+					}
+				}
+				if len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Port != "metrics" || pm.Spec.PodMetricsEndpoints[0].Path != "/metrics" {
+					t.Errorf("podMetricsEndpoints = %+v; want port metrics, path /metrics", pm.Spec.PodMetricsEndpoints)
+				}
+			},
+		},
+		{
+			name: "IPv6",
+			values: map[string]any{
+				"endpoints":   []string{"[2001:db8::11]:6443", "[2001:db8::12]:6443", "[2001:db8::13]:6443"},
+				"bindAddress": "::1",
+			},
+			check: func(t *testing.T, m *manifest) {
+				c := container(t, m)
+				env := envValues(t, c)
+				if want := "[2001:db8::11]:6443,[2001:db8::12]:6443,[2001:db8::13]:6443"; env["EP_ENDPOINTS"] != want {
+					t.Errorf("EP_ENDPOINTS = %q; want %q", env["EP_ENDPOINTS"], want)
+				}
+				if env["EP_BIND_ADDRESS"] != "::1" {
+					t.Errorf("EP_BIND_ADDRESS = %q; want ::1", env["EP_BIND_ADDRESS"])
+				}
+				checkProbeHost(t, c, "::1")
+			},
+		},
+		{
+			name: "every flag set",
+			values: withEndpoints(map[string]any{
+				"bindAddress":       "0.0.0.0",
+				"bindPort":          17445,
+				"healthBindAddress": "0.0.0.0",
+				"healthPort":        17446,
+				"healthInterval":    "10s",
+				"healthTimeout":     "2500ms",
+				"kubeconfig":        "/etc/extractedprism/kubeconfig",
+				"logLevel":          "debug",
+				"livenessInterval":  "2s",
+				"livenessThreshold": "1m",
+				"drainTimeout":      "0s",
+				"upstreamSelection": "latency",
+				"image":             map[string]any{"repository": "registry.example/ep", "tag": "v9.9.9", "pullPolicy": "Always"},
+				"updateStrategy":    map[string]any{"maxUnavailable": "10%"},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				c := container(t, m)
+				env := envValues(t, c)
+				for name, want := range map[string]string{
+					"EP_BIND_ADDRESS":        "0.0.0.0",
+					"EP_BIND_PORT":           "17445",
+					"EP_HEALTH_BIND_ADDRESS": "0.0.0.0",
+					"EP_HEALTH_PORT":         "17446",
+					"EP_HEALTH_INTERVAL":     "10s",
+					"EP_HEALTH_TIMEOUT":      "2500ms",
+					"EP_KUBECONFIG":          "/etc/extractedprism/kubeconfig",
+					"EP_LOG_LEVEL":           "debug",
+					"EP_LIVENESS_INTERVAL":   "2s",
+					"EP_LIVENESS_THRESHOLD":  "1m",
+					"EP_DRAIN_TIMEOUT":       "0s",
+					"EP_UPSTREAM_SELECTION":  "latency",
+				} {
+					if env[name] != want {
+						t.Errorf("%s = %q; want %q", name, env[name], want)
+					}
+				}
+				if c.Image != "registry.example/ep:v9.9.9" || c.ImagePullPolicy != corev1.PullAlways {
+					t.Errorf("image %q pull %q; want registry.example/ep:v9.9.9, Always", c.Image, c.ImagePullPolicy)
+				}
+				// A wildcard listener is probed on loopback, on the
+				// configured port.
+				checkProbeHost(t, c, "127.0.0.1")
+				if got := c.LivenessProbe.HTTPGet.Port.IntValue(); got != 17446 {
+					t.Errorf("liveness port = %d; want 17446", got)
+				}
+				if want := intstr.FromString("10%"); *m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable != want {
+					t.Errorf("maxUnavailable = %v; want 10%%", m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable)
+				}
+			},
+		},
+		{
+			name: "existing service account",
+			values: withEndpoints(map[string]any{
+				"serviceAccount": map[string]any{"create": false, "name": "node-agents"},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				if m.ServiceAccount != nil {
+					t.Error("ServiceAccount rendered with serviceAccount.create=false")
+				}
+				if got := m.DaemonSet.Spec.Template.Spec.ServiceAccountName; got != "node-agents" {
+					t.Errorf("serviceAccountName = %q; want node-agents", got)
+				}
+				if len(m.RoleBindings) != 1 || m.RoleBindings[0].Subjects[0].Name != "node-agents" {
+					t.Errorf("RoleBindings = %v; want one binding node-agents", m.RoleBindings)
+				}
+			},
+		},
+	}
+}
+
+// TestTemplateMatrix renders the chart with each set of values, checks the
+// rules every render must keep (checkInvariants), then what the values are
+// meant to change.
+func TestTemplateMatrix(t *testing.T) {
+	for _, tt := range templateCases(chartAppVersion(t)) {
+		t.Run(tt.name, func(t *testing.T) {
+			m := render(t, tt.values)
+			checkInvariants(t, m)
+			tt.check(t, m)
+		})
+	}
+}
+
+// TestTemplateRejects checks that values the daemon would refuse, or that
+// make no sense together, stop the render with a message saying why.
+func TestTemplateRejects(t *testing.T) {
+	tests := []struct {
+		name   string
+		values map[string]any
+		set    []string // --set arguments, for the cases that test that path
+		want   []string // each must appear in helm's error output
+	}{
+		{name: "missing endpoints", values: nil, want: []string{"endpoints is required"}},
+		{name: "empty endpoints", values: map[string]any{"endpoints": []string{}}, want: []string{"endpoints is required"}},
+		{name: "unknown top-level value", values: withEndpoints(nil), set: []string{"replicas=3"}, want: []string{"additional properties 'replicas' not allowed"}},
+		{name: "unknown nested value", values: withEndpoints(map[string]any{"discovery": map[string]any{"enable": false}}), want: []string{"at '/discovery': additional properties 'enable' not allowed"}},
+		{name: "endpoint without port", values: map[string]any{"endpoints": []string{"192.0.2.11"}}, want: []string{"'/endpoints/0'", "does not match pattern"}},
+		{name: "endpoint with scheme", values: map[string]any{"endpoints": []string{"https://192.0.2.11:6443"}}, want: []string{"'/endpoints/0'", "does not match pattern"}},
+		{name: "IPv6 endpoint without brackets", values: map[string]any{"endpoints": []string{"2001:db8::11:6443"}}, want: []string{"'/endpoints/0'", "does not match pattern"}},
+		{name: "endpoint port out of range", values: map[string]any{"endpoints": []string{"192.0.2.11:65536"}}, want: []string{"'/endpoints/0'", "does not match pattern"}},
+		{name: "endpoints as one string", values: map[string]any{"endpoints": "192.0.2.11:6443,192.0.2.12:6443"}, want: []string{"'/endpoints'", "want array"}},
+		{name: "duration without unit", values: withEndpoints(map[string]any{"healthInterval": "20"}), want: []string{"'/healthInterval'", "does not match pattern"}},
+		{name: "unknown upstream selection", values: withEndpoints(map[string]any{"upstreamSelection": "fastest"}), want: []string{"'/upstreamSelection'", "must be one of"}},
+		{name: "unknown health check", values: withEndpoints(map[string]any{"healthCheck": "http"}), want: []string{"'/healthCheck'", "must be one of"}},
+		{name: "unknown log level", values: withEndpoints(map[string]any{"logLevel": "verbose"}), want: []string{"'/logLevel'", "must be one of"}},
+		{name: "unknown credentials", values: withEndpoints(map[string]any{"readyz": map[string]any{"credentials": "password"}}), want: []string{"'/readyz/credentials'", "must be one of"}},
+		{name: "port out of range", values: withEndpoints(map[string]any{"bindPort": 70000}), want: []string{"'/bindPort'", "maximum"}},
+		{name: "same ports", values: withEndpoints(map[string]any{"healthPort": 7445}), want: []string{"bindPort and healthPort must differ"}},
+		{name: "maxUnavailable zero", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": 0}}), want: []string{"'/updateStrategy/maxUnavailable'", "minimum"}},
+		{name: "PodMonitor without exposed metrics", values: withEndpoints(map[string]any{"metrics": map[string]any{"podMonitor": map[string]any{"enabled": true}}}), want: []string{"metrics.podMonitor.enabled needs metrics.expose"}},
+		{name: "exposed metrics and a health bind address", values: withEndpoints(map[string]any{"healthBindAddress": "0.0.0.0", "metrics": map[string]any{"expose": true}}), want: []string{"leave healthBindAddress empty"}},
+		{name: "credentials with the tcp check", values: withEndpoints(map[string]any{"readyz": map[string]any{"credentials": "serviceAccountToken"}}), want: []string{"set healthCheck=readyz"}},
+		{name: "existing service account without a name", values: withEndpoints(map[string]any{"serviceAccount": map[string]any{"create": false}}), want: []string{"serviceAccount.name is required"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var extra []string
+			for _, s := range tt.set {
+				extra = append(extra, "--set", s)
+			}
+			out, err := renderYAML(t, tt.values, extra...)
+			if err == nil {
+				t.Fatalf("helm template succeeded; want it to fail with %q. Output:\n%s", tt.want, out)
+			}
+			for _, want := range tt.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error does not mention %q:\n%v", want, err)
+				}
+			}
+		})
+	}
+}
+
+// checkInvariants checks what every render must keep, whatever the values.
+func checkInvariants(t *testing.T, m *manifest) {
+	t.Helper()
+	if len(m.OtherKinds) > 0 || len(m.UnexpectedTwice) > 0 {
+		t.Fatalf("unexpected objects: kinds %v, repeated %v", m.OtherKinds, m.UnexpectedTwice)
+	}
+	ds := m.DaemonSet
+	if ds == nil {
+		t.Fatal("no DaemonSet rendered")
+	}
+	if ds.Namespace != releaseNamespace {
+		t.Errorf("DaemonSet namespace = %q; want %q", ds.Namespace, releaseNamespace)
+	}
+	if m.ServiceAccount != nil && m.ServiceAccount.Namespace != releaseNamespace {
+		t.Errorf("ServiceAccount namespace = %q; want %q", m.ServiceAccount.Namespace, releaseNamespace)
+	}
+	if sel, labels := ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels; len(sel) == 0 {
+		t.Error("DaemonSet selector is empty")
+	} else {
+		for k, v := range sel {
+			if labels[k] != v {
+				t.Errorf("selector %s=%s does not match the pod template's %q", k, v, labels[k])
+			}
+		}
+	}
+
+	us := ds.Spec.UpdateStrategy
+	if us.Type != appsv1.RollingUpdateDaemonSetStrategyType || us.RollingUpdate == nil || us.RollingUpdate.MaxUnavailable == nil {
+		t.Errorf("updateStrategy = %+v; want RollingUpdate with maxUnavailable", us)
+	} else if us.RollingUpdate.MaxSurge == nil || us.RollingUpdate.MaxSurge.IntValue() != 0 {
+		t.Errorf("maxSurge = %v; want 0: two pods on one node cannot share the port", us.RollingUpdate.MaxSurge)
+	}
+
+	pod := ds.Spec.Template.Spec
+	if !pod.HostNetwork {
+		t.Error("hostNetwork is not true")
+	}
+	if pod.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("dnsPolicy = %q; want ClusterFirstWithHostNet", pod.DNSPolicy)
+	}
+	if pod.PriorityClassName != "system-node-critical" {
+		t.Errorf("priorityClassName = %q; want system-node-critical", pod.PriorityClassName)
+	}
+	if want := []corev1.Toleration{{Operator: corev1.TolerationOpExists}}; !slices.Equal(pod.Tolerations, want) {
+		t.Errorf("tolerations = %+v; want exactly %+v (every taint)", pod.Tolerations, want)
+	}
+	if len(pod.InitContainers) != 0 || len(pod.Containers) != 1 {
+		t.Fatalf("%d init containers, %d containers; want 0 and 1", len(pod.InitContainers), len(pod.Containers))
+	}
+	if pod.ServiceAccountName == "" {
+		t.Error("no serviceAccountName")
+	}
+	if pod.AutomountServiceAccountToken == nil {
+		t.Error("automountServiceAccountToken is left to the ServiceAccount; want it decided by the chart")
+	}
+
+	psc := pod.SecurityContext
+	if psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext = %+v; want seccomp RuntimeDefault", psc)
+	}
+	c := &pod.Containers[0]
+	csc := c.SecurityContext
+	if csc == nil {
+		t.Fatal("container has no securityContext")
+	}
+	if csc.AllowPrivilegeEscalation == nil || *csc.AllowPrivilegeEscalation {
+		t.Error("allowPrivilegeEscalation is not false")
+	}
+	if csc.Privileged == nil || *csc.Privileged {
+		t.Error("privileged is not false")
+	}
+	if !boolValue(csc.ReadOnlyRootFilesystem) {
+		t.Error("readOnlyRootFilesystem is not true")
+	}
+	if csc.Capabilities == nil || !slices.Equal(csc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(csc.Capabilities.Add) != 0 {
+		t.Errorf("capabilities = %+v; want drop [ALL], add none", csc.Capabilities)
+	}
+	if csc.SeccompProfile == nil || csc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("container seccompProfile = %+v; want RuntimeDefault", csc.SeccompProfile)
+	}
+	// UID 65534 unless the kubelet key must be read (see that case).
+	env := envValues(t, c)
+	kubeletCert := env["EP_HEALTH_CHECK_CERT_FILE"] != ""
+	if !kubeletCert {
+		for _, sc := range []struct {
+			where        string
+			uid, gid     *int64
+			runAsNonRoot *bool
+		}{
+			{"pod", psc.RunAsUser, psc.RunAsGroup, psc.RunAsNonRoot},
+			{"container", csc.RunAsUser, csc.RunAsGroup, csc.RunAsNonRoot},
+		} {
+			if sc.uid == nil || *sc.uid != nobody || sc.gid == nil || *sc.gid != nobody {
+				t.Errorf("%s runs as %s:%s; want %d:%d", sc.where, show(sc.uid), show(sc.gid), nobody, nobody)
+			}
+			if !boolValue(sc.runAsNonRoot) {
+				t.Errorf("%s runAsNonRoot is not true", sc.where)
+			}
+		}
+	}
+
+	// Configuration is environment only: the image's entrypoint with no
+	// arguments, so there is one place to read it.
+	if len(c.Command) != 0 || len(c.Args) != 0 {
+		t.Errorf("command %v, args %v; want configuration in EP_* variables only", c.Command, c.Args)
+	}
+	for _, e := range c.Env {
+		if !strings.HasPrefix(e.Name, "EP_") {
+			t.Errorf("env %s is not an EP_* variable", e.Name)
+		}
+	}
+	if env["EP_ENDPOINTS"] == "" {
+		t.Error("EP_ENDPOINTS is empty")
+	}
+
+	port, err := strconv.Atoi(env["EP_HEALTH_PORT"])
+	if err != nil {
+		t.Errorf("EP_HEALTH_PORT: %v", err)
+	}
+	for _, probe := range []struct {
+		name  string
+		probe *corev1.Probe
+		path  string
+	}{
+		{"liveness", c.LivenessProbe, "/healthz"},
+		{"readiness", c.ReadinessProbe, "/readyz"},
+	} {
+		if probe.probe == nil || probe.probe.HTTPGet == nil {
+			t.Errorf("no HTTP %s probe", probe.name)
+			continue
+		}
+		get := probe.probe.HTTPGet
+		if get.Path != probe.path || get.Port.IntValue() != port || get.Scheme != "" && get.Scheme != corev1.URISchemeHTTP {
+			t.Errorf("%s probe = %s %s:%s; want HTTP %s on port %d", probe.name, get.Scheme, get.Path, get.Port.String(), probe.path, port)
+		}
+	}
+
+	for _, role := range m.Roles {
+		if role.Namespace != "default" {
+			t.Errorf("Role %s in namespace %q; want default, where the kubernetes EndpointSlices are", role.Name, role.Namespace)
+		}
+	}
+	for _, binding := range m.RoleBindings {
+		if binding.Namespace != "default" {
+			t.Errorf("RoleBinding %s in namespace %q; want default", binding.Name, binding.Namespace)
+		}
+	}
+}
+
+// checkDiscoveryRBAC checks the one grant discovery needs: get/list/watch
+// on endpointslices in default, bound to the chart's ServiceAccount in the
+// release namespace, through a Role rather than a ClusterRole.
+func checkDiscoveryRBAC(t *testing.T, m *manifest) {
+	t.Helper()
+	if len(m.Roles) != 1 || len(m.RoleBindings) != 1 {
+		t.Fatalf("%d Roles and %d RoleBindings; want one of each", len(m.Roles), len(m.RoleBindings))
+	}
+	role, binding := m.Roles[0], m.RoleBindings[0]
+	wantRules := []rbacv1.PolicyRule{{
+		APIGroups: []string{"discovery.k8s.io"},
+		Resources: []string{"endpointslices"},
+		Verbs:     []string{"get", "list", "watch"},
+	}}
+	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].APIGroups, wantRules[0].APIGroups) ||
+		!slices.Equal(role.Rules[0].Resources, wantRules[0].Resources) || !slices.Equal(role.Rules[0].Verbs, wantRules[0].Verbs) ||
+		len(role.Rules[0].ResourceNames) != 0 || len(role.Rules[0].NonResourceURLs) != 0 {
+		t.Errorf("Role rules = %+v; want %+v", role.Rules, wantRules)
+	}
+	wantRef := rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name}
+	if binding.RoleRef != wantRef {
+		t.Errorf("roleRef = %+v; want %+v", binding.RoleRef, wantRef)
+	}
+	wantSubject := rbacv1.Subject{Kind: "ServiceAccount", Name: m.DaemonSet.Spec.Template.Spec.ServiceAccountName, Namespace: releaseNamespace}
+	if !slices.Equal(binding.Subjects, []rbacv1.Subject{wantSubject}) {
+		t.Errorf("subjects = %+v; want [%+v]", binding.Subjects, wantSubject)
+	}
+}
+
+// checkProbeHost checks the host both probes connect to; "" means the pod IP.
+func checkProbeHost(t *testing.T, c *corev1.Container, want string) {
+	t.Helper()
+	for name, probe := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if probe == nil || probe.HTTPGet == nil {
+			continue // reported by checkInvariants
+		}
+		if probe.HTTPGet.Host != want {
+			t.Errorf("%s probe host = %q; want %q", name, probe.HTTPGet.Host, want)
+		}
+	}
+}
+
+// checkResources checks that the default requests and limits are set and
+// ordered: the measured idle RSS is documented in values.yaml.
+func checkResources(t *testing.T, c *corev1.Container) {
+	t.Helper()
+	req, lim := c.Resources.Requests, c.Resources.Limits
+	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if _, ok := req[name]; !ok {
+			t.Errorf("no %s request", name)
+		}
+	}
+	memLimit, ok := lim[corev1.ResourceMemory]
+	if !ok {
+		t.Fatal("no memory limit")
+	}
+	if memReq := req[corev1.ResourceMemory]; memLimit.Cmp(memReq) < 0 {
+		t.Errorf("memory limit %s below request %s", memLimit.String(), memReq.String())
+	}
+	if floor := resource.MustParse("32Mi"); memLimit.Cmp(floor) < 0 {
+		t.Errorf("memory limit %s leaves no headroom over the measured idle RSS", memLimit.String())
+	}
+}
+
+// container returns the DaemonSet's only container.
+func container(t *testing.T, m *manifest) *corev1.Container {
+	t.Helper()
+	return &m.DaemonSet.Spec.Template.Spec.Containers[0]
+}
+
+// envValues returns the container's literal environment; a variable set
+// from a field reference maps to "".
+func envValues(t *testing.T, c *corev1.Container) map[string]string {
+	t.Helper()
+	env := make(map[string]string, len(c.Env))
+	for _, e := range c.Env {
+		if _, dup := env[e.Name]; dup {
+			t.Errorf("env %s set twice", e.Name)
+		}
+		env[e.Name] = e.Value
+	}
+	return env
+}
+
+func boolValue(b *bool) bool { return b != nil && *b }
+
+// show prints what a pointer field holds, or "unset".
+func show[T any](p *T) string {
+	if p == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*p)
+}

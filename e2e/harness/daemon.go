@@ -1,0 +1,311 @@
+package harness
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/extractedprism/extractedprism/e2e/controlplane"
+	"github.com/extractedprism/extractedprism/e2e/pki"
+	"github.com/extractedprism/extractedprism/e2e/proc"
+)
+
+// Mode is how extractedprism checks and picks upstreams.
+type Mode struct {
+	HealthCheck string // "tcp" or "readyz"
+	Selection   string // "random" or "latency"
+	// ProbeCert makes the readyz probe present a client certificate
+	// instead of relying on anonymous authentication.
+	ProbeCert bool
+}
+
+// String is the mode as the result table shows it.
+func (m Mode) String() string {
+	s := m.HealthCheck + "/" + m.Selection
+	if m.ProbeCert {
+		s += "+cert"
+	}
+	return s
+}
+
+// Settings are the daemon's timing flags.
+type Settings struct {
+	HealthInterval time.Duration
+	HealthTimeout  time.Duration
+	DrainTimeout   time.Duration
+}
+
+// DefaultSettings are the settings the assertions are stated for.
+var DefaultSettings = Settings{HealthInterval: 5 * time.Second, HealthTimeout: 2 * time.Second, DrainTimeout: 10 * time.Second}
+
+// ErrNotBuilt means the daemon refused the mode at start-up because this
+// build does not implement it yet.
+var ErrNotBuilt = errors.New("mode not built")
+
+// Daemon is one extractedprism process running in w1.
+type Daemon struct {
+	LogPath string
+	proc    *proc.Process
+	client  *http.Client // for the health server, dialled from w1
+	started time.Time
+}
+
+// DaemonConfig is everything one daemon start needs.
+type DaemonConfig struct {
+	Binary    string
+	Mode      Mode
+	Settings  Settings
+	Endpoints []string // static endpoints
+	LogPath   string
+	// BindPort and HealthPort default to 7445 and 7446.
+	BindPort, HealthPort int
+}
+
+// BuildDaemon builds extractedprism from the module at src into dir and
+// returns the binary's path.
+func BuildDaemon(ctx context.Context, src, dir string) (string, error) {
+	out := filepath.Join(dir, "extractedprism")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, ".")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build in %s: %v\n%s", src, err, b)
+	}
+	return out, nil
+}
+
+// FindSource walks up from dir to the extractedprism module root.
+func FindSource(dir string) (string, error) {
+	for d := dir; ; d = filepath.Dir(d) {
+		b, err := os.ReadFile(filepath.Join(d, "go.mod"))
+		if err == nil {
+			first, _, _ := strings.Cut(string(b), "\n")
+			if strings.TrimSpace(first) == "module github.com/extractedprism/extractedprism" {
+				return d, nil
+			}
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("no extractedprism module above %s", dir)
+		}
+	}
+}
+
+// args is the daemon's command line.
+func (c *Cluster) daemonArgs(cfg DaemonConfig) []string {
+	bindPort, healthPort := cfg.BindPort, cfg.HealthPort
+	if bindPort == 0 {
+		bindPort, healthPort = 7445, 7446
+	}
+	args := []string{
+		cfg.Binary,
+		"--endpoints", strings.Join(cfg.Endpoints, ","),
+		"--bind-address", "127.0.0.1",
+		"--bind-port", strconv.Itoa(bindPort),
+		"--health-port", strconv.Itoa(healthPort),
+		"--health-interval", cfg.Settings.HealthInterval.String(),
+		"--health-timeout", cfg.Settings.HealthTimeout.String(),
+		"--drain-timeout", cfg.Settings.DrainTimeout.String(),
+		"--enable-discovery=true",
+		"--kubeconfig", c.daemonKubeconfig(),
+		"--upstream-selection", cfg.Mode.Selection,
+		"--health-check", cfg.Mode.HealthCheck,
+	}
+	if cfg.Mode.HealthCheck == "readyz" {
+		args = append(args, "--health-check-ca-file", c.CA.CertFile(),
+			"--health-check-server-name", pki.ServiceName)
+		if cfg.Mode.ProbeCert {
+			args = append(args, "--health-check-cert-file", c.Probe.Cert, "--health-check-key-file", c.Probe.Key)
+		}
+	}
+	return args
+}
+
+// daemonKubeconfig writes (once) the discovery credentials. The server
+// address is deliberately unreachable: extractedprism replaces it with its
+// own listener.
+func (c *Cluster) daemonKubeconfig() string {
+	path := filepath.Join(c.Dir, "extractedprism.kubeconfig")
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	if err := controlplane.WriteKubeconfig(path, "https://192.0.2.254:1", "", c.CA.CertFile(), c.Admin); err != nil {
+		c.logf("writing %s: %v", path, err)
+	}
+	return path
+}
+
+// StartDaemon starts extractedprism in w1 and waits until its health server
+// answers. It returns ErrNotBuilt (wrapping the daemon's message) when the
+// daemon refuses the mode at start-up.
+func (c *Cluster) StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
+	argv := append(c.W1.Command(), c.daemonArgs(cfg)...)
+	p, err := proc.Start("extractedprism", cfg.LogPath, argv, nil)
+	if err != nil {
+		return nil, err
+	}
+	healthPort := cfg.HealthPort
+	if healthPort == 0 {
+		healthPort = 7446
+	}
+	d := &Daemon{
+		LogPath: cfg.LogPath,
+		proc:    p,
+		client: &http.Client{
+			Transport: &http.Transport{DialContext: c.W1.DialContext, DisableKeepAlives: true},
+			Timeout:   3 * time.Second,
+		},
+		started: time.Now(),
+	}
+	healthURL := "http://127.0.0.1:" + strconv.Itoa(healthPort)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if exited, exitErr := p.Exited(); exited {
+			msg := lastErrorLine(cfg.LogPath)
+			if strings.Contains(msg, "not implemented in this build") {
+				return nil, fmt.Errorf("%w: %s", ErrNotBuilt, msg)
+			}
+			return nil, fmt.Errorf("extractedprism exited at start-up (%v): %s", exitErr, p.Tail(2000))
+		}
+		resp, err := d.client.Get(healthURL + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return d, nil
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			d.Stop()
+			return nil, fmt.Errorf("extractedprism health server did not answer within 20s (last: %v)\n%s", err, p.Tail(2000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// lastErrorLine returns the last line of the daemon's log that names an
+// error: the start-up refusal is printed as "extractedprism: <err>".
+func lastErrorLine(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var last string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if line := s.Text(); strings.HasPrefix(line, "extractedprism:") {
+			last = line
+		}
+	}
+	return last
+}
+
+// ProbeMode reports whether the daemon binary accepts a mode, by starting it
+// on spare ports in w1 with one unreachable static endpoint and no
+// discovery. It returns ErrNotBuilt for a refused mode.
+func (c *Cluster) ProbeMode(ctx context.Context, binary string, mode Mode, logPath string) error {
+	cfg := DaemonConfig{Binary: binary, Mode: mode, Settings: DefaultSettings, Endpoints: []string{"192.0.2.253:6443"},
+		LogPath: logPath, BindPort: 17445, HealthPort: 17446}
+	d, err := c.StartDaemon(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return d.Stop()
+}
+
+// Pid is the daemon's process id (the process runs inside w1).
+func (d *Daemon) Pid() int { return d.proc.Pid() }
+
+// Stop sends SIGTERM and waits; the daemon promises to exit within about
+// 10 s (5 s for connections, 5 s for the health server).
+func (d *Daemon) Stop() error {
+	return d.proc.Stop(20 * time.Second)
+}
+
+// Exited reports whether the daemon has exited.
+func (d *Daemon) Exited() bool {
+	exited, _ := d.proc.Exited()
+	return exited
+}
+
+// Get fetches a path from the daemon's health server.
+func (d *Daemon) Get(path string) (int, string, error) {
+	resp, err := d.client.Get("http://" + HealthAddr + path)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, string(b), err
+}
+
+// Metrics scrapes /metrics.
+func (d *Daemon) Metrics() (Samples, error) {
+	code, body, err := d.Get("/metrics")
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("/metrics: status %d", code)
+	}
+	return ParseMetrics(body), nil
+}
+
+// LogContains reports whether a line of the daemon's log contains every
+// one of the strings.
+func (d *Daemon) LogContains(parts ...string) bool {
+	return logContains(d.LogPath, parts...)
+}
+
+func logContains(path string, parts ...string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 64*1024), 1<<20)
+next:
+	for s.Scan() {
+		line := s.Text()
+		for _, p := range parts {
+			if !strings.Contains(line, p) {
+				continue next
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// CountLog counts the daemon's log lines that contain every one of the
+// strings.
+func (d *Daemon) CountLog(parts ...string) int {
+	f, err := os.Open(d.LogPath)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	n := 0
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 64*1024), 1<<20)
+next:
+	for s.Scan() {
+		line := s.Text()
+		for _, p := range parts {
+			if !strings.Contains(line, p) {
+				continue next
+			}
+		}
+		n++
+	}
+	return n
+}

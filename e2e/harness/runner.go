@@ -1,0 +1,361 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Row is one line of the result table: a scenario in a mode.
+type Row struct {
+	Scenario string
+	Mode     Mode
+}
+
+// Name is the row's test name, such as "kill/readyz-random".
+func (r Row) Name() string {
+	return r.Scenario + "/" + strings.NewReplacer("/", "-", "+", "-").Replace(r.Mode.String())
+}
+
+var (
+	tcpRandom         = Mode{HealthCheck: "tcp", Selection: "random"}
+	tcpLatency        = Mode{HealthCheck: "tcp", Selection: "latency"}
+	readyzRandom      = Mode{HealthCheck: "readyz", Selection: "random"}
+	readyzRandomCert  = Mode{HealthCheck: "readyz", Selection: "random", ProbeCert: true}
+	readyzLatency     = Mode{HealthCheck: "readyz", Selection: "latency"}
+	readyzLatencyCert = Mode{HealthCheck: "readyz", Selection: "latency", ProbeCert: true}
+)
+
+// DefaultRows are the scenarios in priority order, each in tcp mode and in
+// readyz mode, with latency selection where the upstream set changes under
+// load. All API servers here are equally close, so latency selection is
+// expected to behave like random; its rows check that it does.
+func DefaultRows() []Row {
+	return []Row{
+		{"steady", tcpRandom},
+		{"steady", readyzRandom},
+		{"steady", tcpLatency},
+		{"steady", readyzLatencyCert},
+		{"compaction", tcpRandom},
+		{"compaction", readyzRandom},
+		{"membership", tcpRandom},
+		{"membership", readyzRandom},
+		{"kill", tcpRandom},
+		{"kill", readyzRandom},
+		{"kill", readyzLatency},
+		{"blackhole", tcpRandom},
+		{"blackhole", readyzRandom},
+		{"blackhole", tcpLatency},
+		{"quorum", tcpRandom},
+		{"quorum", readyzRandomCert},
+		{"restart", tcpRandom},
+		{"restart", readyzRandom},
+	}
+}
+
+// Status of a row.
+const (
+	StatusPass     = "pass"
+	StatusFail     = "FAIL"
+	StatusNotBuilt = "not built"
+	StatusError    = "error"
+)
+
+// Result is one row's outcome.
+type Result struct {
+	Row
+	Status   string
+	Failures []string // broken assertions (Status FAIL)
+	Err      string   // why the row could not run (Status error, not built)
+	Notes    []string // observations
+	Victim   string
+	Measure  Measure
+	Elapsed  time.Duration
+	Asserted []string // what the row checks, for the table's legend
+}
+
+// Runner runs rows against one cluster, one at a time.
+type Runner struct {
+	C        *Cluster
+	Binary   string // extractedprism
+	Settings Settings
+	Dir      string // daemon logs
+	Logf     func(format string, args ...any)
+
+	mu     sync.Mutex // guards probed, n
+	probed map[Mode]error
+	n      int
+}
+
+// Run runs one row. It never panics on a failed assertion: those go to
+// Result.Failures.
+func (r *Runner) Run(ctx context.Context, row Row) Result {
+	start := time.Now()
+	res := Result{Row: row}
+	defer func() { res.Elapsed = time.Since(start) }()
+	sc, ok := scenarios[row.Scenario]
+	if !ok {
+		res.Status, res.Err = StatusError, "unknown scenario "+row.Scenario
+		return res
+	}
+	if err := r.probe(ctx, row.Mode); err != nil {
+		res.Status, res.Err = StatusError, err.Error()
+		if errors.Is(err, ErrNotBuilt) {
+			res.Status = StatusNotBuilt
+		}
+		return res
+	}
+	r.mu.Lock()
+	r.n++
+	n := r.n
+	r.mu.Unlock()
+	rr := &rowRun{r: r, row: row, res: &res, ctx: ctx, n: n,
+		logPath: filepath.Join(r.Dir, fmt.Sprintf("extractedprism-%02d-%s.log", n, strings.ReplaceAll(row.Name(), "/", "-")))}
+	err := rr.run(sc)
+	switch {
+	case err != nil:
+		res.Status, res.Err = StatusError, err.Error()
+	case len(res.Failures) > 0:
+		res.Status = StatusFail
+	default:
+		res.Status = StatusPass
+	}
+	return res
+}
+
+// probe checks once per mode whether the daemon accepts it.
+func (r *Runner) probe(ctx context.Context, m Mode) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.probed == nil {
+		r.probed = map[Mode]error{}
+	}
+	if err, ok := r.probed[m]; ok {
+		return err
+	}
+	name := strings.NewReplacer("/", "-", "+", "-").Replace(m.String())
+	err := r.C.ProbeMode(ctx, r.Binary, m, filepath.Join(r.Dir, "probe-"+name+".log"))
+	r.probed[m] = err
+	return err
+}
+
+func (r *Runner) logf(format string, args ...any) {
+	if r.Logf != nil {
+		r.Logf(format, args...)
+	}
+}
+
+// rowRun is the state of one running row, handed to the scenario.
+type rowRun struct {
+	r       *Runner
+	row     Row
+	res     *Result
+	ctx     context.Context
+	n       int
+	logPath string
+
+	d  *Daemon
+	wl *Workload
+	// discoveryConn is the local port of the daemon's own discovery
+	// connection to an API server, and that server.
+	discoveryPort   int
+	discoveryRemote string
+
+	fault     time.Time // zero: no fault
+	lateAfter time.Time // short-request failures after this are late
+}
+
+func (rr *rowRun) logf(format string, args ...any) {
+	rr.r.logf("[%s] "+format, append([]any{rr.row.Name()}, args...)...)
+}
+
+func (rr *rowRun) fail(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	rr.logf("FAIL: %s", msg)
+	rr.res.Failures = append(rr.res.Failures, msg)
+}
+
+func (rr *rowRun) note(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	rr.logf("%s", msg)
+	rr.res.Notes = append(rr.res.Notes, msg)
+}
+
+func (rr *rowRun) asserts(what string) {
+	rr.res.Asserted = append(rr.res.Asserted, what)
+}
+
+func (rr *rowRun) settings() Settings { return rr.r.Settings }
+
+// scenario is one kind of row.
+type scenario struct {
+	// static endpoints; nil means the three control-plane nodes.
+	static func() []string
+	// act injects the fault and observes; it sets rr.fault and
+	// rr.lateAfter. Its error means the row could not run.
+	act func(rr *rowRun) error
+	// check asserts on what the clients saw.
+	check func(rr *rowRun, m Measure)
+}
+
+func threeEndpoints() []string {
+	var eps []string
+	for _, n := range CPNames {
+		eps = append(eps, APIAddr(n))
+	}
+	return eps
+}
+
+// run restores the cluster, starts the daemon and the workload, runs the
+// scenario and checks the outcome.
+func (rr *rowRun) run(sc scenario) error {
+	ctx, cancel := context.WithTimeout(rr.ctx, 10*time.Minute)
+	defer cancel()
+	rctx, rcancel := context.WithTimeout(ctx, 4*time.Minute)
+	err := rr.r.C.Restore(rctx)
+	rcancel()
+	if err != nil {
+		return fmt.Errorf("restore the cluster: %w", err)
+	}
+	static := threeEndpoints()
+	if sc.static != nil {
+		static = sc.static()
+	}
+	if err := rr.startDaemon(ctx, static); err != nil {
+		return err
+	}
+	defer func() {
+		if rr.d != nil {
+			if err := rr.d.Stop(); err != nil {
+				rr.fail("daemon shutdown: %v", err)
+			}
+		}
+	}()
+	rr.wl, err = rr.r.C.StartWorkload(ctx, fmt.Sprintf("e2e-%02d", rr.n), rr.d.Pid(), 3)
+	if err != nil {
+		return fmt.Errorf("start the workload: %w", err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			rr.wl.Stop()
+		}
+	}()
+	for _, w := range rr.wl.Watchers() {
+		rr.logf("watcher %d on %s", w.ID, orUnknown(w.Upstream))
+	}
+	sleepCtx(ctx, 5*time.Second) // warm-up: steady traffic before any fault
+
+	if err := sc.act(rr); err != nil {
+		return err
+	}
+	if rr.d != nil && rr.d.Exited() {
+		rr.fail("the daemon exited during the scenario:\n%s", rr.d.proc.Tail(2000))
+	}
+	rr.wl.Stop()
+	stopped = true
+	m := rr.wl.Measure(rr.fault, rr.lateAfter, time.Now())
+	rr.res.Measure = m
+	sc.check(rr, m)
+	return nil
+}
+
+// startDaemon starts extractedprism and waits until it is ready, its
+// discovery has listed the three API servers and it knows exactly three
+// upstreams; then it notes the discovery connection.
+func (rr *rowRun) startDaemon(ctx context.Context, static []string) error {
+	d, err := rr.r.C.StartDaemon(ctx, DaemonConfig{
+		Binary: rr.r.Binary, Mode: rr.row.Mode, Settings: rr.settings(), Endpoints: static, LogPath: rr.logPath,
+	})
+	if err != nil {
+		return err
+	}
+	rr.d = d
+	if err := rr.waitDaemonReady(30 * time.Second); err != nil {
+		return err
+	}
+	conns, _ := upstreamConns(d.Pid())
+	if len(conns) == 1 {
+		for port, remote := range conns {
+			rr.discoveryPort, rr.discoveryRemote = port, remote
+		}
+	}
+	return nil
+}
+
+// waitDaemonReady waits for /readyz 200, a Kubernetes discovery update and
+// three known upstreams.
+func (rr *rowRun) waitDaemonReady(timeout time.Duration) error {
+	var last string
+	ok := rr.waitFor(timeout, func() bool {
+		code, _, err := rr.d.Get("/readyz")
+		if err != nil || code != 200 {
+			last = fmt.Sprintf("/readyz: %d %v", code, err)
+			return false
+		}
+		s, err := rr.d.Metrics()
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		updates := s.Value("extractedprism_discovery_updates_total", "provider", "kubernetes")
+		total := s.Value("extractedprism_upstreams_total")
+		last = fmt.Sprintf("kubernetes discovery updates %v, upstreams %v", updates, total)
+		return updates >= 1 && total == 3
+	})
+	if !ok {
+		return fmt.Errorf("daemon not ready with discovery within %s (%s)\n%s", timeout, last, rr.d.proc.Tail(3000))
+	}
+	return nil
+}
+
+// waitFor polls cond every 250 ms until it holds or timeout passes.
+func (rr *rowRun) waitFor(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) || rr.ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// sample scrapes the daemon's metrics every second for d, handing each
+// scrape to fn.
+func (rr *rowRun) sample(d time.Duration, fn func(now time.Time, s Samples)) {
+	end := time.Now().Add(d)
+	for time.Now().Before(end) && rr.ctx.Err() == nil {
+		if s, err := rr.d.Metrics(); err == nil {
+			fn(time.Now(), s)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// victim is the control-plane node of watcher 0's connection, so that the
+// fault hits at least one watcher; cp1 if that is unknown.
+func (rr *rowRun) victim() string {
+	if ws := rr.wl.Watchers(); len(ws) > 0 {
+		for _, n := range CPNames {
+			if ws[0].Upstream == APIAddr(n) {
+				return n
+			}
+		}
+	}
+	rr.note("watcher 0's upstream is unknown; the fault goes to cp1")
+	return "cp1"
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "?"
+	}
+	return s
+}

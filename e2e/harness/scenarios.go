@@ -1,0 +1,482 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// Metric names used by the assertions.
+const (
+	mUpstreamsTotal  = "extractedprism_upstreams_total"
+	mUpstreamsActive = "extractedprism_upstreams_active"
+	mDiscovery       = "extractedprism_discovery_updates_total"
+	mHealth          = "extractedprism_health_check_status"
+	mReady           = "extractedprism_upstream_ready"
+)
+
+// watchGapLimit is the issue's bound on watch gaps in kill and black hole
+// with readyz.
+const watchGapLimit = 30 * time.Second
+
+var scenarios = map[string]scenario{
+	"steady":     {static: func() []string { return []string{APIAddr("cp1")} }, act: actSteady, check: checkSteady},
+	"compaction": {act: actCompaction, check: checkNoShortFailures},
+	"membership": {act: actMembership, check: checkNoShortFailures},
+	"kill":       {act: actKill, check: checkFailover},
+	"blackhole":  {act: actBlackHole, check: checkFailover},
+	"quorum":     {act: actQuorum, check: checkQuorum},
+	"restart":    {act: actRestart, check: checkRestart},
+}
+
+// ScenarioDescriptions explain each scenario for the report.
+var ScenarioDescriptions = map[string]string{
+	"steady": "No fault. The daemon starts with only cp1 as a static endpoint, so reaching three upstreams " +
+		"proves discovery learned cp2 and cp3 from the EndpointSlice.",
+	"compaction": "etcd is compacted to its current revision and the daemon's own discovery connection is cut " +
+		"(`ss -K`); its watch resumes from a compacted revision (EndpointSlice watch cache off), gets 410 Gone " +
+		"and re-lists. Then an extra EndpointSlice adds an upstream (a relay in w1 to cp2) and is deleted again.",
+	"membership": "A fourth API server (cp4, 192.0.2.14) starts and joins the EndpointSlice; a watcher is " +
+		"placed on it; then it gets SIGTERM (it leaves the slice at once but serves for 20 s more) and must " +
+		"drain within --drain-timeout.",
+	"kill":      "SIGKILL to the API server that watcher 0 is connected to.",
+	"blackhole": "The veth of the control-plane node that watcher 0 is connected to goes down (peers have permanent neighbour entries, so packets vanish).",
+	"quorum": "nftables in the node of watcher 0 drops etcd peer traffic (port 2380); its etcd member loses " +
+		"quorum while its API server stays reachable.",
+	"restart": "The API servers on cp1 and cp2 are killed; once the daemon excluded them it is restarted, so " +
+		"it starts with two dead static endpoints out of three.",
+}
+
+// failoverGrace is how long after a fault short requests may still fail:
+// two probe intervals plus one probe timeout and a second of slack, the
+// time the two-failure threshold needs to exclude the upstream.
+func (rr *rowRun) failoverGrace() time.Duration {
+	s := rr.settings()
+	return 2*s.HealthInterval + s.HealthTimeout + time.Second
+}
+
+// --- steady
+
+func actSteady(rr *rowRun) error {
+	s, err := rr.d.Metrics()
+	if err != nil {
+		return err
+	}
+	rr.asserts("discovery learned cp2 and cp3: 3 upstreams with only cp1 static")
+	if v := s.Value(mDiscovery, "provider", "kubernetes"); v < 1 {
+		rr.fail("%s{provider=kubernetes} = %v; want >= 1", mDiscovery, v)
+	}
+	for _, n := range CPNames {
+		if _, ok := s.Get(mHealth, "upstream", APIAddr(n)); !ok {
+			rr.fail("no %s series for %s", mHealth, APIAddr(n))
+		}
+	}
+	if !rr.d.LogContains("kubernetes endpoints changed", APIAddr("cp2"), APIAddr("cp3")) {
+		rr.fail("the daemon log has no \"kubernetes endpoints changed\" line naming cp2 and cp3")
+	}
+	sleepCtx(rr.ctx, 20*time.Second)
+	s, err = rr.d.Metrics()
+	if err != nil {
+		return err
+	}
+	for _, n := range CPNames {
+		if v, _ := s.Get(mHealth, "upstream", APIAddr(n)); v != 1 {
+			rr.fail("%s{upstream=%s} = %v after 20 s; want 1", mHealth, APIAddr(n), v)
+		}
+	}
+	return nil
+}
+
+func checkSteady(rr *rowRun, m Measure) {
+	rr.asserts("no failed request, write or watch gap over 5 s")
+	if m.Shorts.Failed > 0 {
+		rr.fail("%d of %d short requests failed: %s", m.Shorts.Failed, m.Shorts.Total, m.Shorts.FirstErr)
+	}
+	if m.Writes.Failed > 0 {
+		rr.fail("%d of %d writes failed: %s", m.Writes.Failed, m.Writes.Total, m.Writes.FirstErr)
+	}
+	if g := m.MaxGap(); g > 5*time.Second {
+		rr.fail("watch gap %s; want <= 5s without a fault", g.Round(time.Millisecond))
+	}
+}
+
+func checkNoShortFailures(rr *rowRun, m Measure) {
+	rr.asserts("no failed short request")
+	if m.Shorts.Failed > 0 {
+		rr.fail("%d of %d short requests failed: %s", m.Shorts.Failed, m.Shorts.Total, m.Shorts.FirstErr)
+	}
+}
+
+// --- compaction
+
+func actCompaction(rr *rowRun) error {
+	c := rr.r.C
+	ctx := rr.ctx
+	if rr.discoveryPort == 0 {
+		return fmt.Errorf("the daemon's discovery connection could not be told apart at start-up")
+	}
+	rr.note("discovery connection on %s", rr.discoveryRemote)
+	relisted := func() int { return rr.d.CountLog("endpointslice resource version expired") }
+	before := relisted()
+
+	// Writes during the warm-up moved the revision past the one the
+	// discovery watch holds; compact up to now.
+	rev, err := c.EtcdRevision(ctx, "cp1")
+	if err != nil {
+		return err
+	}
+	if err := c.EtcdCompact(ctx, "cp1", rev); err != nil {
+		return err
+	}
+	rr.fault = time.Now()
+	rr.note("compacted etcd at revision %d", rev)
+	out, err := c.ExecW1(ctx, "ss", "-K", "-tn", "state", "established", "sport", "=", fmt.Sprintf(":%d", rr.discoveryPort))
+	if err != nil {
+		return fmt.Errorf("ss -K: %v: %s", err, out)
+	}
+	rr.asserts("the discovery watch gets 410 Gone after compaction and re-lists")
+	if rr.waitFor(30*time.Second, func() bool { return relisted() > before }) {
+		rr.note("410 Gone and re-list after %s", time.Since(rr.fault).Round(100*time.Millisecond))
+	} else {
+		rr.fail("no \"resource version expired, re-listing\" in the daemon log within 30s of compaction")
+	}
+
+	rr.asserts("after the re-list, an extra EndpointSlice adds an upstream and deleting it removes it")
+	return rr.followExtraSlice()
+}
+
+// followExtraSlice publishes a relay in w1 through an extra EndpointSlice
+// of the kubernetes service, waits for the daemon to add it, deletes the
+// slice and waits for the daemon to remove it.
+func (rr *rowRun) followExtraSlice() error {
+	c := rr.r.C
+	ctx := rr.ctx
+	if out, err := c.ExecW1(ctx, "ip", "addr", "replace", extraAddr+"/32", "dev", "lo"); err != nil {
+		return fmt.Errorf("add %s in w1: %v: %s", extraAddr, err, out)
+	}
+	extra := extraAddr + ":6443"
+	rl, err := startRelay(c, extra, APIAddr("cp2"))
+	if err != nil {
+		return err
+	}
+	defer rl.Close()
+	cs, err := c.DirectClient()
+	if err != nil {
+		return err
+	}
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      "e2e-extra",
+			Namespace: "default",
+			Labels:    map[string]string{discoveryv1.LabelServiceName: "kubernetes"},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{{
+			Addresses:  []string{extraAddr},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+		}},
+		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To[int32](6443)}},
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = cs.DiscoveryV1().EndpointSlices("default").Create(cctx, slice, metav1.CreateOptions{})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("create the extra EndpointSlice: %w", err)
+	}
+	added := time.Now()
+	has := func(s Samples) bool { _, ok := s.Get(mHealth, "upstream", extra); return ok }
+	var last Samples
+	if rr.waitFor(20*time.Second, func() bool {
+		s, err := rr.d.Metrics()
+		last = s
+		return err == nil && s.Value(mUpstreamsTotal) == 4 && has(s)
+	}) {
+		rr.note("extra upstream added %s after the slice was created", time.Since(added).Round(100*time.Millisecond))
+	} else {
+		rr.fail("extra upstream %s not added within 20s (upstreams_total %v)", extra, last.Value(mUpstreamsTotal))
+	}
+	sleepCtx(ctx, 2*rr.settings().HealthInterval) // let it take some connections
+	cctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+	err = cs.DiscoveryV1().EndpointSlices("default").Delete(cctx, "e2e-extra", metav1.DeleteOptions{})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("delete the extra EndpointSlice: %w", err)
+	}
+	removed := time.Now()
+	limit := rr.settings().DrainTimeout + 10*time.Second
+	if rr.waitFor(limit, func() bool {
+		s, err := rr.d.Metrics()
+		last = s
+		return err == nil && s.Value(mUpstreamsTotal) == 3 && !has(s)
+	}) {
+		rr.note("extra upstream gone %s after the slice was deleted", time.Since(removed).Round(100*time.Millisecond))
+	} else {
+		rr.fail("extra upstream %s still known %s after its slice was deleted (upstreams_total %v)", extra, limit, last.Value(mUpstreamsTotal))
+	}
+	rr.note("relay accepted %d connections", rl.accepted.Load())
+	return nil
+}
+
+// --- membership
+
+func actMembership(rr *rowRun) error {
+	c := rr.r.C
+	cp4 := APIAddr("cp4")
+	rr.fault = time.Now()
+	if err := c.AddCP4(); err != nil {
+		return err
+	}
+	rr.asserts("cp4 is discovered without a restart")
+	var last Samples
+	if !rr.waitFor(120*time.Second, func() bool {
+		s, err := rr.d.Metrics()
+		last = s
+		_, ok := s.Get(mHealth, "upstream", cp4)
+		return err == nil && ok && s.Value(mUpstreamsTotal) == 4
+	}) {
+		rr.fail("cp4 not discovered within 120s (upstreams_total %v)", last.Value(mUpstreamsTotal))
+		return nil
+	}
+	rr.note("cp4 discovered %s after its start", time.Since(rr.fault).Round(100*time.Millisecond))
+
+	// Place a watcher on cp4: open watchers until one lands there.
+	var onCP4 *Watcher
+	var others []*Watcher
+	for i := 0; i < 16 && onCP4 == nil; i++ {
+		w, err := rr.wl.StartWatcher(rr.ctx, 100+i)
+		if err != nil {
+			return err
+		}
+		if w.Upstream == cp4 {
+			onCP4 = w
+		} else {
+			others = append(others, w)
+		}
+	}
+	for _, w := range others {
+		w.Stop()
+	}
+	if onCP4 == nil {
+		rr.note("no watcher landed on cp4 in 16 tries; its drain is not timed")
+	} else {
+		defer onCP4.Stop()
+	}
+
+	stopped := time.Now()
+	exited, err := c.StopAPIServer("cp4")
+	if err != nil {
+		return err
+	}
+	rr.lateAfter = stopped.Add(time.Second)
+	rr.asserts("cp4 is removed after SIGTERM and drains within --drain-timeout")
+	limit := rr.settings().DrainTimeout + 15*time.Second
+	if rr.waitFor(limit, func() bool {
+		s, err := rr.d.Metrics()
+		last = s
+		_, ok := s.Get(mHealth, "upstream", cp4)
+		return err == nil && !ok && s.Value(mUpstreamsTotal) == 3
+	}) {
+		rr.note("cp4 gone from the daemon %s after SIGTERM", time.Since(stopped).Round(100*time.Millisecond))
+	} else {
+		rr.fail("cp4 still known %s after SIGTERM (upstreams_total %v)", limit, last.Value(mUpstreamsTotal))
+	}
+	if onCP4 != nil {
+		rr.checkDrainedWatcher(onCP4, stopped)
+	}
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		rr.note("cp4's API server still running 60s after SIGTERM")
+	}
+	return nil
+}
+
+// checkDrainedWatcher checks that the watcher on cp4 lost its stream by the
+// daemon's drain: not before --drain-timeout, and before the API server's
+// own shutdown 20 s after SIGTERM.
+func (rr *rowRun) checkDrainedWatcher(w *Watcher, stopped time.Time) {
+	drain := rr.settings().DrainTimeout
+	var end time.Time
+	rr.waitFor(drain+15*time.Second, func() bool {
+		for _, t := range w.StreamEnds() {
+			if t.After(stopped) {
+				end = t
+				return true
+			}
+		}
+		return false
+	})
+	if end.IsZero() {
+		rr.fail("the watcher on cp4 still had its stream %s after SIGTERM", drain+15*time.Second)
+		return
+	}
+	after := end.Sub(stopped)
+	rr.note("the watcher on cp4 lost its stream %s after SIGTERM", after.Round(100*time.Millisecond))
+	if after < drain-2*time.Second || after > drain+6*time.Second {
+		rr.fail("the watcher on cp4 lost its stream %s after SIGTERM; want about --drain-timeout (%s)", after.Round(100*time.Millisecond), drain)
+	}
+}
+
+// --- kill and black hole
+
+func actKill(rr *rowRun) error {
+	v := rr.victim()
+	rr.res.Victim = v
+	rr.fault = time.Now()
+	rr.lateAfter = rr.fault.Add(rr.failoverGrace())
+	if err := rr.r.C.KillAPIServer(v); err != nil {
+		return err
+	}
+	rr.observeExclusion(v, 45*time.Second)
+	return nil
+}
+
+func actBlackHole(rr *rowRun) error {
+	v := rr.victim()
+	rr.res.Victim = v
+	rr.fault = time.Now()
+	rr.lateAfter = rr.fault.Add(rr.failoverGrace())
+	if err := rr.r.C.BlackHole(v, true); err != nil {
+		return err
+	}
+	rr.observeExclusion(v, 60*time.Second)
+	return nil
+}
+
+// observeExclusion samples the daemon's view of the victim for d and notes
+// when it was excluded (health 0) and, with readyz, marked not ready.
+func (rr *rowRun) observeExclusion(victim string, d time.Duration) {
+	addr := APIAddr(victim)
+	var excluded, unready time.Time
+	rr.sample(d, func(now time.Time, s Samples) {
+		if v, ok := s.Get(mHealth, "upstream", addr); ok && v == 0 && excluded.IsZero() {
+			excluded = now
+		}
+		if v, ok := s.Get(mReady, "upstream", addr); ok && v == 0 && unready.IsZero() {
+			unready = now
+		}
+	})
+	if !excluded.IsZero() {
+		rr.note("%s excluded (health 0) %s after the fault", victim, excluded.Sub(rr.fault).Round(time.Second))
+	}
+	if !unready.IsZero() {
+		rr.note("%s not ready %s after the fault", victim, unready.Sub(rr.fault).Round(time.Second))
+	}
+}
+
+func checkFailover(rr *rowRun, m Measure) {
+	grace := rr.failoverGrace()
+	rr.asserts(fmt.Sprintf("no short request started more than %s after the fault fails", grace))
+	if m.Shorts.FailedLate > 0 {
+		rr.fail("%d short requests failed more than %s after the fault (first: %s)", m.Shorts.FailedLate, grace, m.Shorts.LateErr)
+	}
+	if rr.row.Mode.HealthCheck == "readyz" {
+		rr.asserts(fmt.Sprintf("watch gaps under %s", watchGapLimit))
+		if g := m.MaxGap(); g >= watchGapLimit {
+			rr.fail("watch gap %s; want < %s", g.Round(time.Millisecond), watchGapLimit)
+		}
+	}
+}
+
+// --- quorum loss
+
+func actQuorum(rr *rowRun) error {
+	v := rr.victim()
+	rr.res.Victim = v
+	rr.fault = time.Now()
+	if err := rr.r.C.Partition(rr.ctx, v, true); err != nil {
+		return err
+	}
+	s := rr.settings()
+	rr.observeExclusion(v, s.DrainTimeout+2*s.HealthInterval+30*time.Second)
+	return nil
+}
+
+// quorumLimit is how soon the watchers on a node without quorum must be
+// moved: --drain-timeout plus two probe intervals, plus 10 s for the API
+// server's own /readyz to notice (its etcd check times out) and for the
+// client to reconnect.
+func (rr *rowRun) quorumLimit() time.Duration {
+	s := rr.settings()
+	return s.DrainTimeout + 2*s.HealthInterval + 10*time.Second
+}
+
+func checkQuorum(rr *rowRun, m Measure) {
+	victim := APIAddr(rr.res.Victim)
+	var onVictim int
+	for _, w := range m.Watchers {
+		if w.Upstream == victim {
+			onVictim++
+		}
+	}
+	rr.note("%d watchers were on the partitioned node", onVictim)
+	if rr.row.Mode.HealthCheck != "readyz" {
+		return // tcp mode promises nothing here: the API server still accepts connections
+	}
+	limit := rr.quorumLimit()
+	rr.asserts(fmt.Sprintf("watchers on the partitioned node move within drain + 2 intervals + 10 s (%s)", limit))
+	for _, w := range m.Watchers {
+		if w.MaxGap > limit {
+			rr.fail("watcher %d (on %s) went %s without events; want <= %s", w.ID, orUnknown(w.Upstream), w.MaxGap.Round(time.Millisecond), limit)
+		}
+	}
+}
+
+// --- restart
+
+func actRestart(rr *rowRun) error {
+	c := rr.r.C
+	for _, n := range []string{"cp1", "cp2"} {
+		if err := c.KillAPIServer(n); err != nil {
+			return err
+		}
+	}
+	rr.res.Victim = "cp1+cp2"
+	// Let the running daemon exclude them, as it would have long before a
+	// real restart.
+	sleepCtx(rr.ctx, rr.failoverGrace())
+	rr.fault = time.Now()
+	if err := rr.d.Stop(); err != nil {
+		rr.fail("daemon shutdown: %v", err)
+	}
+	rr.d = nil
+	d, err := c.StartDaemon(rr.ctx, DaemonConfig{
+		Binary: rr.r.Binary, Mode: rr.row.Mode, Settings: rr.settings(), Endpoints: threeEndpoints(), LogPath: rr.logPath,
+	})
+	if err != nil {
+		return fmt.Errorf("restart the daemon: %w", err)
+	}
+	rr.d = d
+	listening := time.Now()
+	rr.lateAfter = listening.Add(time.Second)
+	rr.wl.pid = d.Pid()
+	rr.note("daemon down for %s", listening.Sub(rr.fault).Round(100*time.Millisecond))
+	ready := rr.waitFor(30*time.Second, func() bool {
+		code, _, err := d.Get("/readyz")
+		return err == nil && code == 200
+	})
+	if !ready {
+		rr.fail("restarted daemon not ready within 30s")
+	} else {
+		rr.note("restarted daemon ready %s after it listened", time.Since(listening).Round(100*time.Millisecond))
+	}
+	sleepCtx(rr.ctx, 25*time.Second)
+	return nil
+}
+
+func checkRestart(rr *rowRun, m Measure) {
+	rr.asserts("no short request started more than 1 s after the restarted daemon listens fails")
+	if m.Shorts.FailedLate > 0 {
+		rr.fail("%d short requests failed after the restarted daemon was listening (first: %s)", m.Shorts.FailedLate, m.Shorts.LateErr)
+	}
+	if rr.row.Mode.HealthCheck == "readyz" {
+		rr.asserts(fmt.Sprintf("watch gaps under %s", watchGapLimit))
+		if g := m.MaxGap(); g >= watchGapLimit {
+			rr.fail("watch gap %s; want < %s", g.Round(time.Millisecond), watchGapLimit)
+		}
+	}
+}

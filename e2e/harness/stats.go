@@ -1,0 +1,153 @@
+package harness
+
+import (
+	"slices"
+	"time"
+)
+
+// lateDelivery is how late a watch event may arrive before the watcher
+// counts as not yet recovered.
+const lateDelivery = 2 * time.Second
+
+// Measure is what the clients saw in one scenario.
+type Measure struct {
+	Shorts   ShortStats
+	Writes   WriteStats
+	Watchers []WatchStats
+	// Recovery is the time from the fault until the end of the last
+	// failure (a failed short request or write, or a watch event more than
+	// lateDelivery late); 0 when nothing failed after the fault, -1 when
+	// the scenario has no fault.
+	Recovery time.Duration
+}
+
+// ShortStats summarises the short requests.
+type ShortStats struct {
+	Total, Failed int
+	// FailedLate counts failures of requests started after the grace
+	// period the scenario allows (see Workload.Measure).
+	FailedLate    int
+	P50, P99, Max time.Duration // over successful requests
+	FirstErr      string
+	LateErr       string // the first late failure, if any
+}
+
+// WriteStats summarises the writer.
+type WriteStats struct {
+	Total, Failed int
+	FirstErr      string
+}
+
+// WatchStats summarises one watcher.
+type WatchStats struct {
+	ID       int
+	Upstream string
+	// MaxGap is the longest a successfully written object waited before
+	// the watcher received it (or the scenario ended): the time the
+	// watcher went without events while the writer was succeeding.
+	MaxGap     time.Duration
+	Missing    int // successful writes never received
+	Reconnects int
+	Relists    int
+}
+
+// Measure computes the statistics. fault is when the fault was injected
+// (zero for none); short-request failures that started after lateAfter
+// (when not zero) count as late.
+func (w *Workload) Measure(fault, lateAfter, end time.Time) Measure {
+	shorts, writes := w.Snapshot()
+	m := Measure{Recovery: -1}
+	lastBad := fault
+
+	var durs []time.Duration
+	for _, s := range shorts {
+		m.Shorts.Total++
+		if s.Err == "" {
+			durs = append(durs, s.Dur)
+			continue
+		}
+		m.Shorts.Failed++
+		if m.Shorts.FirstErr == "" {
+			m.Shorts.FirstErr = s.Err
+		}
+		if !lateAfter.IsZero() && s.Start.After(lateAfter) {
+			m.Shorts.FailedLate++
+			if m.Shorts.LateErr == "" {
+				m.Shorts.LateErr = s.Start.Format("15:04:05.000") + " " + s.Err
+			}
+		}
+		if !fault.IsZero() && s.Start.After(fault) {
+			lastBad = maxTime(lastBad, s.Start.Add(s.Dur))
+		}
+	}
+	slices.Sort(durs)
+	m.Shorts.P50 = percentile(durs, 0.50)
+	m.Shorts.P99 = percentile(durs, 0.99)
+	if len(durs) > 0 {
+		m.Shorts.Max = durs[len(durs)-1]
+	}
+
+	var ok []WriteResult
+	for _, wr := range writes {
+		m.Writes.Total++
+		if wr.Err == "" {
+			ok = append(ok, wr)
+			continue
+		}
+		m.Writes.Failed++
+		if m.Writes.FirstErr == "" {
+			m.Writes.FirstErr = wr.Err
+		}
+		if !fault.IsZero() && wr.Done.After(fault) {
+			lastBad = maxTime(lastBad, wr.Done)
+		}
+	}
+
+	for _, wt := range w.watchers {
+		ws := WatchStats{ID: wt.ID, Upstream: wt.Upstream}
+		wt.mu.Lock()
+		ws.Reconnects, ws.Relists = wt.reconnects, wt.relists-1 // the first list is not a relist
+		for _, wr := range ok {
+			seen, got := wt.seen[wr.Name]
+			if !got {
+				ws.Missing++
+				seen = end
+			}
+			gap := max(seen.Sub(wr.Done), 0)
+			ws.MaxGap = max(ws.MaxGap, gap)
+			if !fault.IsZero() && wr.Done.After(fault) && gap > lateDelivery {
+				lastBad = maxTime(lastBad, seen)
+			}
+		}
+		wt.mu.Unlock()
+		m.Watchers = append(m.Watchers, ws)
+	}
+	if !fault.IsZero() {
+		m.Recovery = lastBad.Sub(fault)
+	}
+	return m
+}
+
+// MaxGap is the longest gap over all watchers.
+func (m Measure) MaxGap() time.Duration {
+	var g time.Duration
+	for _, w := range m.Watchers {
+		g = max(g, w.MaxGap)
+	}
+	return g
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted)-1)*p + 0.5)
+	return sorted[i]
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
