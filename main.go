@@ -63,6 +63,15 @@
 // upstream's sockets get 1 s keepalive and a 3 s TCP_USER_TIMEOUT, so
 // connections to a vanished peer close within seconds.
 //
+// # Readiness
+//
+// With --health-check readyz, each successful TCP check continues with an
+// HTTPS GET /readyz on the same connection; two failed probes mark the
+// upstream not ready. New connections prefer ready upstreams (all healthy
+// ones when none is ready), and an unready upstream's connections are closed
+// after --drain-timeout while another upstream is ready. Credentials are
+// re-read on every probe.
+//
 // # Health server
 //
 // On --health-bind-address:--health-port: /healthz (liveness: the run loop

@@ -518,3 +518,210 @@ func TestFailedDialTriggersCheck(t *testing.T) {
 		}
 	})
 }
+
+// newReadyzPool is newTestPool with readiness probes.
+func newReadyzPool(cfg poolConfig) *testPool {
+	cfg.readyz = true
+	tp := newTestPool(cfg)
+	tp.checks.readyz = true
+	return tp
+}
+
+func (tp *testPool) readyGauge(addr string) float64 {
+	return testutil.ToFloat64(tp.m.upstreamReady.WithLabelValues(addr))
+}
+
+func TestReadinessStateMachine(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newReadyzPool(defaultTestPool)
+		defer tp.close()
+		const a = "10.0.0.1:6443"
+		tp.checks.setUnready(a, true)
+		tp.update([]string{a})
+		u := tp.upstream(a)
+		tp.mu.Lock()
+		ready, pending := u.ready, u.readyPending
+		tp.mu.Unlock()
+		if ready || !pending {
+			t.Fatalf("new upstream: ready=%v pending=%v; want not ready, pending", ready, pending)
+		}
+		synctest.Wait() // first probe fails: known not ready at once
+		if got := tp.readyGauge(a); got != 0 {
+			t.Errorf("after a failed first probe: upstream_ready got %v; want 0", got)
+		}
+		tp.checks.setUnready(a, false)
+		steps := []struct {
+			unready, tcpFail bool
+			want, pending    bool
+		}{
+			{false, false, true, false}, // one success: ready
+			{true, false, true, false},  // one failure: still ready
+			{true, false, false, false}, // second failure: not ready
+			{false, false, true, false}, // one success: ready again
+			{false, true, false, true},  // TCP failure: not ready, pending
+			{false, false, true, false}, // the next probe passes: ready
+		}
+		for i, s := range steps {
+			tp.checks.setUnready(a, s.unready)
+			tp.checks.set(a, s.tcpFail)
+			time.Sleep(20 * time.Second)
+			synctest.Wait()
+			tp.mu.Lock()
+			ready, pending := u.ready, u.readyPending
+			tp.mu.Unlock()
+			if ready != s.want || pending != s.pending {
+				t.Errorf("step %d: ready=%v pending=%v; want %v, %v", i, ready, pending, s.want, s.pending)
+			}
+			if got, want := tp.readyGauge(a), boolGauge(s.want); got != want {
+				t.Errorf("step %d: upstream_ready got %v; want %v", i, got, want)
+			}
+		}
+	})
+}
+
+func TestReadyUpstreamsPreferredWithTCPFallback(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newReadyzPool(defaultTestPool)
+		defer tp.close()
+		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
+		tp.update([]string{a, b})
+		synctest.Wait()
+		if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
+			t.Errorf("both ready: picks %v; want both", got)
+		}
+		tp.checks.setUnready(a, true)
+		time.Sleep(40 * time.Second)
+		synctest.Wait()
+		if got := picks(tp.pool, 200); got[b] != 200 {
+			t.Errorf("a not ready: picks %v; want b only", got)
+		}
+		tp.checks.setUnready(b, true)
+		time.Sleep(40 * time.Second)
+		synctest.Wait()
+		if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
+			t.Errorf("none ready: picks %v; want both (TCP fallback)", got)
+		}
+		if !tp.ready() {
+			t.Error("the daemon's readiness follows TCP health, not /readyz: got not ready")
+		}
+	})
+}
+
+func TestReadinessFiltersBeforeLatencyTiers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := defaultTestPool
+		cfg.readyz = true
+		tp := newLatencyPool(cfg)
+		tp.checks.readyz = true
+		defer tp.close()
+		const near, far = "10.0.0.1:6443", "10.0.9.1:6443"
+		tp.checks.rtt[near] = time.Millisecond
+		tp.checks.rtt[far] = 50 * time.Millisecond
+		tp.checks.setUnready(near, true)
+		tp.update([]string{near, far})
+		synctest.Wait()
+		if got := picks(tp.pool, 100); got[far] != 100 {
+			t.Errorf("near not ready, far ready: picks %v; want far only", got)
+		}
+	})
+}
+
+// evictionSetup returns a readyz pool with a and b ready and one connection
+// held on a.
+func evictionSetup(t *testing.T, drain time.Duration) (tp *testPool, clientEnd net.Conn) {
+	t.Helper()
+	cfg := defaultTestPool
+	cfg.drainTimeout = drain
+	tp = newReadyzPool(cfg)
+	tp.update([]string{"10.0.0.1:6443", "10.0.0.2:6443"})
+	synctest.Wait()
+	pc, clientEnd, _ := pipeConn()
+	if !tp.connected(tp.upstream("10.0.0.1:6443"), pc) {
+		t.Fatal("connected failed")
+	}
+	return tp, clientEnd
+}
+
+func TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp, held := evictionSetup(t, 30*time.Second)
+		defer tp.close()
+		tp.checks.setUnready("10.0.0.1:6443", true)
+		time.Sleep(40 * time.Second) // second failed probe at 40 s: not ready
+		synctest.Wait()
+		time.Sleep(29 * time.Second)
+		synctest.Wait()
+		if isClosed(held) {
+			t.Fatal("connection closed before the drain timeout")
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if !isClosed(held) {
+			t.Fatal("connection of an unready upstream still open after the drain timeout")
+		}
+	})
+}
+
+func TestEvictionCalledOff(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(tp *testPool)
+	}{
+		{"upstream ready again", func(tp *testPool) { tp.checks.setUnready("10.0.0.1:6443", false) }},
+		{"no other upstream ready", func(tp *testPool) { tp.checks.setUnready("10.0.0.2:6443", true) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// a is not ready at 40 s, so its connections would close
+				// at 100 s; the change takes effect by 80 s.
+				tp, held := evictionSetup(t, 60*time.Second)
+				defer tp.close()
+				tp.checks.setUnready("10.0.0.1:6443", true)
+				time.Sleep(40 * time.Second)
+				synctest.Wait()
+				tt.change(tp)
+				time.Sleep(70 * time.Second) // past 100 s
+				synctest.Wait()
+				tp.mu.Lock()
+				pending := tp.upstreams["10.0.0.1:6443"].evictDone != nil
+				tp.mu.Unlock()
+				if pending {
+					t.Error("eviction still pending after it was called off")
+				}
+				synctest.Wait()
+				if isClosed(held) {
+					t.Fatal("connection closed although the closing was called off")
+				}
+			})
+		})
+	}
+}
+
+func TestEvictionDrainZeroClosesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp, held := evictionSetup(t, 0)
+		defer tp.close()
+		tp.checks.setUnready("10.0.0.1:6443", true)
+		time.Sleep(40 * time.Second)
+		synctest.Wait()
+		if !isClosed(held) {
+			t.Fatal("with --drain-timeout 0 the connection of an unready upstream stays open")
+		}
+	})
+}
+
+func TestPendingUpstreamKeepsConnections(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp, held := evictionSetup(t, 0)
+		defer tp.close()
+		// A TCP failure resets readiness to pending: its connections stay
+		// until a probe has answered.
+		tp.checks.set("10.0.0.1:6443", true)
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if isClosed(held) {
+			t.Fatal("connection closed while the upstream's first probe after a reset is pending")
+		}
+	})
+}

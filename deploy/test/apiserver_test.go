@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
 )
 
 // The kube-apiserver and etcd binaries this test runs, built by
@@ -72,6 +73,14 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		t.Fatalf("%s: %v", manifestPath, err)
 	}
 	renders[manifestPath] = plainDocs
+	sniText, err := renderYAML(t, nil, "--values", filepath.Join(sniDir, "values.yaml"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	if renders["examples/sni/values.yaml"], err = splitDocuments(sniText); err != nil {
+		t.Fatalf("%v", err)
+	}
+	talosPod := talosStaticPod(t)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -102,6 +111,22 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		})
 	}
 
+	// The Talos static pod, as the Pod the API server would see. Without
+	// a controller manager nobody creates kube-system's default
+	// ServiceAccount, which the ServiceAccount admission plugin looks up.
+	t.Run("dry run "+talosPatchPath, func(t *testing.T) {
+		defaultSA := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "v1", "kind": "ServiceAccount",
+			"metadata": map[string]any{"name": "default", "namespace": "kube-system"},
+		}}
+		if err := apply(ctx, dyn, mapper, defaultSA, false); err != nil {
+			t.Fatalf("%v", err)
+		}
+		if err := apply(ctx, dyn, mapper, talosPod, true); err != nil {
+			t.Errorf("%v", err)
+		}
+	})
+
 	// The RBAC of the default render, applied for real, with its
 	// ServiceAccount; the authorizer then answers for that account.
 	var sa serviceAccount
@@ -120,6 +145,27 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		t.Fatal("the default render has no ServiceAccount")
 	}
 	checkAccess(ctx, t, clientset, sa)
+}
+
+// talosStaticPod returns the static pod of the Talos patch as an object.
+func talosStaticPod(t *testing.T) *unstructured.Unstructured {
+	t.Helper()
+	data, err := os.ReadFile(talosPatchPath)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	var patch struct {
+		Machine struct {
+			Pods []map[string]any `json:"pods"`
+		} `json:"machine"`
+	}
+	if err := yaml.Unmarshal(data, &patch); err != nil {
+		t.Fatalf("%s: %v", talosPatchPath, err)
+	}
+	if len(patch.Machine.Pods) != 1 {
+		t.Fatalf("%s: %d pods; want 1", talosPatchPath, len(patch.Machine.Pods))
+	}
+	return &unstructured.Unstructured{Object: patch.Machine.Pods[0]}
 }
 
 // e2eBinaries returns the kube-apiserver and etcd paths, or skips.

@@ -68,6 +68,7 @@ type DaemonConfig struct {
 	LogPath   string
 	// BindPort and HealthPort default to 7445 and 7446.
 	BindPort, HealthPort int
+	NoDiscovery          bool
 }
 
 // BuildDaemon builds extractedprism from the module at src into dir and
@@ -99,7 +100,7 @@ func FindSource(dir string) (string, error) {
 	}
 }
 
-// args is the daemon's command line.
+// daemonArgs is the daemon's command line.
 func (c *Cluster) daemonArgs(cfg DaemonConfig) []string {
 	bindPort, healthPort := cfg.BindPort, cfg.HealthPort
 	if bindPort == 0 {
@@ -114,7 +115,7 @@ func (c *Cluster) daemonArgs(cfg DaemonConfig) []string {
 		"--health-interval", cfg.Settings.HealthInterval.String(),
 		"--health-timeout", cfg.Settings.HealthTimeout.String(),
 		"--drain-timeout", cfg.Settings.DrainTimeout.String(),
-		"--enable-discovery=true",
+		"--enable-discovery=" + strconv.FormatBool(!cfg.NoDiscovery),
 		"--kubeconfig", c.daemonKubeconfig(),
 		"--upstream-selection", cfg.Mode.Selection,
 		"--health-check", cfg.Mode.HealthCheck,
@@ -209,11 +210,11 @@ func lastErrorLine(path string) string {
 }
 
 // ProbeMode reports whether the daemon binary accepts a mode, by starting it
-// on spare ports in w1 with one unreachable static endpoint and no
-// discovery. It returns ErrNotBuilt for a refused mode.
+// on spare ports in w1 with one static endpoint and no discovery. It
+// returns ErrNotBuilt for a refused mode.
 func (c *Cluster) ProbeMode(ctx context.Context, binary string, mode Mode, logPath string) error {
-	cfg := DaemonConfig{Binary: binary, Mode: mode, Settings: DefaultSettings, Endpoints: []string{"192.0.2.253:6443"},
-		LogPath: logPath, BindPort: 17445, HealthPort: 17446}
+	cfg := DaemonConfig{Binary: binary, Mode: mode, Settings: DefaultSettings, Endpoints: []string{APIAddr("cp1")},
+		LogPath: logPath, BindPort: 17445, HealthPort: 17446, NoDiscovery: true}
 	d, err := c.StartDaemon(ctx, cfg)
 	if err != nil {
 		return err

@@ -1,0 +1,350 @@
+package test
+
+import (
+	"bufio"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+)
+
+var (
+	talosPatchPath   = filepath.Join(repoRoot, "examples", "talos", "extractedprism-patch.yaml")
+	sniDir           = filepath.Join(repoRoot, "examples", "sni")
+	chartReadmePath  = filepath.Join(chartDir, "README.md")
+	chartValuesPath  = filepath.Join(chartDir, "values.yaml")
+	daemonConfigPath = filepath.Join(repoRoot, "config.go")
+)
+
+// daemonVariables returns the EP_* variable of every flag config.go
+// defines: the flag name of each fs.XxxVar call, upper-cased, dashes to
+// underscores. --version has none.
+func daemonVariables(t *testing.T) map[string]bool {
+	t.Helper()
+	file, err := parser.ParseFile(token.NewFileSet(), daemonConfigPath, nil, 0)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	vars := map[string]bool{}
+	ast.Inspect(file, func(n ast.Node) bool {
+		call, ok := n.(*ast.CallExpr)
+		if !ok || len(call.Args) < 2 {
+			return true
+		}
+		sel, ok := call.Fun.(*ast.SelectorExpr)
+		if !ok || !strings.HasSuffix(sel.Sel.Name, "Var") {
+			return true
+		}
+		if recv, ok := sel.X.(*ast.Ident); !ok || recv.Name != "fs" {
+			return true
+		}
+		lit, ok := call.Args[1].(*ast.BasicLit)
+		if !ok || lit.Kind != token.STRING {
+			return true
+		}
+		name, err := strconv.Unquote(lit.Value)
+		if err != nil {
+			t.Fatalf("%v", err)
+		}
+		vars["EP_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))] = true
+		return true
+	})
+	if len(vars) < 10 {
+		t.Fatalf("found only %d flags in %s: %v; has the flag set moved?", len(vars), daemonConfigPath, vars)
+	}
+	return vars
+}
+
+// TestChartCoversEveryFlag checks that the chart can set every daemon
+// variable (the template matrix, taken together, sets each one) and sets
+// nothing the daemon does not read.
+func TestChartCoversEveryFlag(t *testing.T) {
+	want := daemonVariables(t)
+	got := map[string]bool{}
+	for _, tc := range templateCases(chartAppVersion(t)) {
+		m := render(t, tc.values)
+		for _, e := range container(t, m).Env {
+			got[e.Name] = true
+		}
+	}
+	for name := range got {
+		if !want[name] {
+			t.Errorf("the chart sets %s, which the daemon does not read", name)
+		}
+	}
+	for name := range want {
+		if !got[name] {
+			t.Errorf("no value of the chart sets %s", name)
+		}
+	}
+}
+
+// TestValuesDocumented checks that every value in values.yaml is named in
+// the chart's README. (values.schema.json has every value too: helm checks
+// the defaults against it, with unknown keys refused, on every render.)
+func TestValuesDocumented(t *testing.T) {
+	data, err := os.ReadFile(chartValuesPath)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	var values map[string]any
+	if err := yaml.Unmarshal(data, &values); err != nil {
+		t.Fatalf("%v", err)
+	}
+	readme, err := os.ReadFile(chartReadmePath)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	for _, key := range valueKeys("", values) {
+		// Documented as `key`, or as part of a `parent.a`, `.b` group.
+		last := key[strings.LastIndex(key, ".")+1:]
+		if !strings.Contains(string(readme), "`"+key+"`") && !strings.Contains(string(readme), "`."+last+"`") {
+			t.Errorf("%s does not document value %s", chartReadmePath, key)
+		}
+	}
+}
+
+// valueKeys lists the dotted paths of the leaves of values; maps that are
+// empty by default (free-form maps like podAnnotations) count as leaves.
+func valueKeys(prefix string, values map[string]any) []string {
+	var keys []string
+	for _, k := range slices.Sorted(maps.Keys(values)) {
+		path := k
+		if prefix != "" {
+			path = prefix + "." + k
+		}
+		if sub, ok := values[k].(map[string]any); ok && len(sub) > 0 && !freeForm[path] {
+			keys = append(keys, valueKeys(path, sub)...)
+			continue
+		}
+		keys = append(keys, path)
+	}
+	return keys
+}
+
+// freeForm values are Kubernetes objects passed through as they are.
+var freeForm = map[string]bool{"resources": true, "nodeSelector": true}
+
+// TestTalosExample checks the Talos machine-config patch: KubePrism off,
+// the node's clients pointed at 127.0.0.1:7445, and a static pod that is a
+// valid Pod, sets only variables the daemon reads, reads the kubelet's
+// certificate for readyz, and keeps the chart's container restrictions.
+func TestTalosExample(t *testing.T) {
+	patch := talosPatch(t)
+	if patch.Machine.Features.KubePrism.Enabled == nil || *patch.Machine.Features.KubePrism.Enabled {
+		t.Error("machine.features.kubePrism.enabled is not false")
+	}
+	if got, want := patch.Cluster.ControlPlane.Endpoint, "https://127.0.0.1:7445"; got != want {
+		t.Errorf("cluster.controlPlane.endpoint = %q; want %q", got, want)
+	}
+	if !slices.Contains(patch.Cluster.APIServer.CertSANs, "127.0.0.1") {
+		t.Errorf("cluster.apiServer.certSANs = %v; want 127.0.0.1 among them", patch.Cluster.APIServer.CertSANs)
+	}
+	if len(patch.Machine.Pods) != 1 {
+		t.Fatalf("%d static pods; want 1", len(patch.Machine.Pods))
+	}
+	pod := patch.Machine.Pods[0]
+	spec := pod.Spec
+	if !spec.HostNetwork || spec.PriorityClassName != "system-node-critical" {
+		t.Errorf("hostNetwork %v, priorityClassName %q; want true, system-node-critical", spec.HostNetwork, spec.PriorityClassName)
+	}
+	if len(spec.Containers) != 1 {
+		t.Fatalf("%d containers; want 1", len(spec.Containers))
+	}
+	c := &spec.Containers[0]
+	if want := "ghcr.io/extractedprism/extractedprism:" + chartAppVersion(t); c.Image != want {
+		t.Errorf("image = %q; want %q, the chart's", c.Image, want)
+	}
+	known := daemonVariables(t)
+	env := envValues(t, c)
+	for name := range env {
+		if !known[name] {
+			t.Errorf("env %s is not a daemon variable", name)
+		}
+	}
+	const cert = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+	for name, want := range map[string]string{
+		"EP_ENABLE_DISCOVERY":       "false",
+		"EP_HEALTH_CHECK":           "readyz",
+		"EP_HEALTH_CHECK_CA_FILE":   "/etc/kubernetes/pki/ca.crt",
+		"EP_HEALTH_CHECK_CERT_FILE": cert,
+		"EP_HEALTH_CHECK_KEY_FILE":  cert,
+	} {
+		if env[name] != want {
+			t.Errorf("%s = %q; want %q", name, env[name], want)
+		}
+	}
+	// Each file the daemon reads must be inside a read-only mount of a
+	// host directory.
+	for _, file := range []string{env["EP_HEALTH_CHECK_CA_FILE"], cert} {
+		if !mountedReadOnly(spec, c, filepath.Dir(file)) {
+			t.Errorf("%s is not in a read-only hostPath directory mount", file)
+		}
+	}
+	csc := c.SecurityContext
+	if csc == nil || csc.AllowPrivilegeEscalation == nil || *csc.AllowPrivilegeEscalation ||
+		!boolValue(csc.ReadOnlyRootFilesystem) || csc.Capabilities == nil ||
+		!slices.Equal(csc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(csc.Capabilities.Add) != 0 {
+		t.Errorf("container securityContext = %+v; want no escalation, read-only root, drop ALL", csc)
+	}
+	if spec.SecurityContext == nil || spec.SecurityContext.SeccompProfile == nil || spec.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("the static pod has no RuntimeDefault seccomp profile")
+	}
+	for name, probe := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != name || probe.HTTPGet.Port.IntValue() != 7446 || probe.HTTPGet.Host != "127.0.0.1" {
+			t.Errorf("probe %s = %+v; want GET 127.0.0.1:7446%s", name, probe, name)
+		}
+	}
+}
+
+// talosPatchDoc is the part of a Talos v1alpha1 machine config the patch
+// sets. Decoding is strict: a field this type lacks is a misspelling.
+type talosPatchDoc struct {
+	Machine struct {
+		Features struct {
+			KubePrism struct {
+				Enabled *bool `json:"enabled"`
+			} `json:"kubePrism"`
+		} `json:"features"`
+		Pods []corev1.Pod `json:"pods"`
+	} `json:"machine"`
+	Cluster struct {
+		ControlPlane struct {
+			Endpoint string `json:"endpoint"`
+		} `json:"controlPlane"`
+		APIServer struct {
+			CertSANs []string `json:"certSANs"`
+		} `json:"apiServer"`
+	} `json:"cluster"`
+}
+
+func talosPatch(t *testing.T) *talosPatchDoc {
+	t.Helper()
+	data, err := os.ReadFile(talosPatchPath)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	patch := &talosPatchDoc{}
+	if err := yaml.UnmarshalStrict(data, patch); err != nil {
+		t.Fatalf("%s: %v", talosPatchPath, err)
+	}
+	return patch
+}
+
+// mountedReadOnly reports whether dir is the mount path of a read-only
+// mount of a hostPath volume of the same path.
+func mountedReadOnly(spec corev1.PodSpec, c *corev1.Container, dir string) bool {
+	for _, m := range c.VolumeMounts {
+		if m.MountPath != dir || !m.ReadOnly {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == m.Name && v.HostPath != nil && v.HostPath.Path == dir {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestSNIExample checks that the SNI example's three files agree: the
+// kubelet's kubeconfig sends the cluster's name as SNI to the local
+// extractedprism, and the daemon settings, as variables and as chart
+// values, probe the API servers under that same name with discovery off.
+func TestSNIExample(t *testing.T) {
+	kubeconfig, err := clientcmd.LoadFromFile(filepath.Join(sniDir, "kubelet-kubeconfig.yaml"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	if err := clientcmd.Validate(*kubeconfig); err != nil {
+		// Validate checks that the referenced files exist, which they do
+		// only on a node; anything else is a real error.
+		if !strings.Contains(err.Error(), "no such file") && !strings.Contains(err.Error(), "unable to read") {
+			t.Errorf("kubeconfig: %v", err)
+		}
+	}
+	ctx := kubeconfig.Contexts[kubeconfig.CurrentContext]
+	if ctx == nil {
+		t.Fatalf("kubeconfig has no current context %q", kubeconfig.CurrentContext)
+	}
+	cluster := kubeconfig.Clusters[ctx.Cluster]
+	if cluster == nil {
+		t.Fatalf("kubeconfig has no cluster %q", ctx.Cluster)
+	}
+	if cluster.Server != "https://127.0.0.1:7445" {
+		t.Errorf("server = %q; want the local extractedprism", cluster.Server)
+	}
+	sni := cluster.TLSServerName
+	if sni == "" {
+		t.Fatal("kubeconfig has no tls-server-name")
+	}
+
+	env := envFile(t, filepath.Join(sniDir, "extractedprism.env"))
+	known := daemonVariables(t)
+	for name := range env {
+		if !known[name] {
+			t.Errorf("extractedprism.env sets %s, which the daemon does not read", name)
+		}
+	}
+	for name, want := range map[string]string{
+		"EP_ENABLE_DISCOVERY":         "false",
+		"EP_HEALTH_CHECK":             "readyz",
+		"EP_HEALTH_CHECK_SERVER_NAME": sni,
+	} {
+		if env[name] != want {
+			t.Errorf("extractedprism.env: %s = %q; want %q", name, env[name], want)
+		}
+	}
+
+	// The chart values must render, and render the same endpoints and
+	// names as the variables.
+	m := render(t, nil, "--values", filepath.Join(sniDir, "values.yaml"))
+	checkInvariants(t, m)
+	rendered := envValues(t, container(t, m))
+	for _, name := range []string{"EP_ENDPOINTS", "EP_ENABLE_DISCOVERY", "EP_HEALTH_CHECK", "EP_HEALTH_CHECK_SERVER_NAME"} {
+		if rendered[name] != env[name] {
+			t.Errorf("values.yaml renders %s = %q; extractedprism.env has %q", name, rendered[name], env[name])
+		}
+	}
+	if len(m.Roles) != 0 {
+		t.Error("the SNI values render discovery RBAC although discovery is off")
+	}
+}
+
+// envFile reads NAME=value lines, skipping blanks and comments.
+func envFile(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	defer f.Close()
+	env := map[string]string{}
+	scanner := bufio.NewScanner(f)
+	for scanner.Scan() {
+		line := strings.TrimSpace(scanner.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Errorf("%s: not NAME=value: %q", path, line)
+			continue
+		}
+		env[name] = value
+	}
+	if err := scanner.Err(); err != nil {
+		t.Fatalf("%v", err)
+	}
+	return env
+}
