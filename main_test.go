@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -289,5 +290,23 @@ func TestRunLatencyModeReportsTiers(t *testing.T) {
 	defer c.Close()
 	if err := roundTrip(c, []byte("latency mode")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestRunReadyzNeedsReadableCA(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := dir + "/ca.crt"
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, ca := range []string{dir + "/missing.crt", notPEM} {
+		err := run(context.Background(), []string{
+			"--endpoints", "127.0.0.1:6443", "--bind-port", strconv.Itoa(freePort(t)),
+			"--health-port", strconv.Itoa(freePort(t)), "--enable-discovery=false",
+			"--health-check", "readyz", "--health-check-ca-file", ca,
+		}, func(string) string { return "" }, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--health-check-ca-file") {
+			t.Errorf("CA %s: got %v; want an error naming --health-check-ca-file", ca, err)
+		}
 	}
 }
