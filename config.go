@@ -26,8 +26,9 @@ type config struct {
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
 
-	EnableDiscovery bool
-	Kubeconfig      string // beyond the spec: run discovery outside a pod
+	EnableDiscovery   bool
+	Kubeconfig        string // beyond the spec: run discovery outside a pod
+	EndpointCacheFile string // beyond the spec: keep the discovered list across restarts
 
 	LogLevel          string
 	LivenessInterval  time.Duration
@@ -108,6 +109,7 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.DurationVar(&cfg.HealthTimeout, "health-timeout", 15*time.Second, "Timeout for each upstream health check")
 	fs.BoolVar(&cfg.EnableDiscovery, "enable-discovery", true, "Enable Kubernetes EndpointSlice discovery (turn off with --enable-discovery=false)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "Path to a kubeconfig for discovery outside a pod (default: in-cluster configuration)")
+	fs.StringVar(&cfg.EndpointCacheFile, "endpoint-cache-file", "", "File that keeps the last discovered endpoint list across restarts, used until discovery answers (default: off)")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "Log level (debug, info, warn, error, dpanic, panic, fatal)")
 	fs.DurationVar(&cfg.LivenessInterval, "liveness-interval", 5*time.Second, "Heartbeat probe interval for liveness detection")
 	fs.DurationVar(&cfg.LivenessThreshold, "liveness-threshold", 15*time.Second, "Maximum time since last heartbeat before liveness fails")

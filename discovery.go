@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -94,7 +95,7 @@ func canonicalEndpoint(hostport string) string {
 	if err != nil {
 		return hostport
 	}
-	return net.JoinHostPort(ip.String(), port)
+	return net.JoinHostPort(ip.Unmap().String(), port)
 }
 
 // mergedProvider runs every sub-provider concurrently and sends the
@@ -108,12 +109,67 @@ type mergedProvider struct {
 	log       *slog.Logger
 	m         *metrics
 	providers []provider
+
+	// mu guards byName, each provider's latest list, for sources.
+	mu     sync.Mutex
+	byName map[string][]string
+}
+
+// fallbackProvider is a provider whose list counts only until the provider
+// it names has sent one: the endpoint cache stands in for discovery until
+// discovery answers.
+type fallbackProvider interface {
+	provider
+	supersededBy() string
 }
 
 // newMergedProvider returns a provider over providers; it starts nothing until
 // run.
 func newMergedProvider(log *slog.Logger, m *metrics, providers ...provider) *mergedProvider {
-	return &mergedProvider{log: log, m: m, providers: providers}
+	return &mergedProvider{log: log, m: m, providers: providers, byName: map[string][]string{}}
+}
+
+// sources maps each endpoint of the current union to the providers that
+// list it, for /upstreams.
+func (mp *mergedProvider) sources() map[string][]string {
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	out := map[string][]string{}
+	for _, p := range mp.providers {
+		if mp.supersededLocked(p) {
+			continue
+		}
+		for _, addr := range mp.byName[p.name()] {
+			out[addr] = append(out[addr], p.name())
+		}
+	}
+	return out
+}
+
+// supersededLocked reports whether p is a fallback whose superseding
+// provider has sent a list.
+func (mp *mergedProvider) supersededLocked(p provider) bool {
+	fp, ok := p.(fallbackProvider)
+	if !ok {
+		return false
+	}
+	_, sent := mp.byName[fp.supersededBy()]
+	return sent
+}
+
+// record stores name's latest list and returns the union of the lists that
+// count.
+func (mp *mergedProvider) record(name string, endpoints []string) []string {
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	mp.byName[name] = endpoints
+	var lists [][]string
+	for _, p := range mp.providers {
+		if !mp.supersededLocked(p) {
+			lists = append(lists, mp.byName[p.name()])
+		}
+	}
+	return unionEndpoints(lists)
 }
 
 // providerEvent is what superviseProvider reports to the merge loop: either a
@@ -147,8 +203,7 @@ func (mp *mergedProvider) run(ctx context.Context, out chan<- []string) error {
 		wg.Go(func() { superviseProvider(ctx, i, p, events) })
 	}
 
-	latest := make([][]string, len(mp.providers)) // by provider index
-	var sent []string                             // last list sent on out
+	var sent []string // last list sent on out
 	var failures []error
 	for running := len(mp.providers); running > 0; {
 		var ev providerEvent
@@ -169,8 +224,7 @@ func (mp *mergedProvider) run(ctx context.Context, out chan<- []string) error {
 			continue
 		}
 		mp.m.discoveryUpdates.WithLabelValues(name).Inc()
-		latest[ev.index] = ev.endpoints
-		merged := unionEndpoints(latest)
+		merged := mp.record(name, ev.endpoints)
 		if len(merged) == 0 || slices.Equal(merged, sent) {
 			continue
 		}
@@ -675,7 +729,9 @@ func endpointsOf(cache map[string]*discoveryv1.EndpointSlice) []string {
 				if err != nil {
 					continue
 				}
-				endpoints = append(endpoints, net.JoinHostPort(ip.String(), port))
+				// Unmap ::ffff:a.b.c.d, so a server matches its static
+				// --endpoints spelling and is not listed twice.
+				endpoints = append(endpoints, net.JoinHostPort(ip.Unmap().String(), port))
 			}
 		}
 	}
@@ -700,4 +756,128 @@ func slicePort(ports []discoveryv1.EndpointPort) (string, bool) {
 		return strconv.Itoa(int(*ports[0].Port)), true
 	}
 	return "", false
+}
+
+// cacheProviderName labels the endpoint cache in metrics and /upstreams.
+const cacheProviderName = "cache"
+
+// endpointCache is the file the last discovered endpoint list is kept in
+// (--endpoint-cache-file), so a node restarted while its static endpoints
+// are gone can still reach the API servers discovery last saw.
+type endpointCache struct {
+	path string
+	log  *slog.Logger
+}
+
+// cacheFile is the on-disk format.
+type cacheFile struct {
+	Version   int       `json:"version"`
+	Written   time.Time `json:"written"`
+	Endpoints []string  `json:"endpoints"`
+}
+
+const cacheVersion = 1
+
+// load reads and validates the cache. A missing file is not an error.
+func (c *endpointCache) load() ([]string, error) {
+	b, err := os.ReadFile(c.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read endpoint cache: %w", err)
+	}
+	var f cacheFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("parse endpoint cache %s: %w", c.path, err)
+	}
+	if f.Version != cacheVersion {
+		return nil, fmt.Errorf("endpoint cache %s: version %d, want %d", c.path, f.Version, cacheVersion)
+	}
+	eps := make([]string, 0, len(f.Endpoints))
+	for _, e := range f.Endpoints {
+		n, err := normalizeEndpoint(e)
+		if err != nil {
+			return nil, fmt.Errorf("endpoint cache %s: %w", c.path, err)
+		}
+		eps = append(eps, n)
+	}
+	return eps, nil
+}
+
+// store writes endpoints atomically: a temporary file in the same directory,
+// fsynced, renamed over the cache, and the directory fsynced, so a crash at
+// any point leaves either the old cache or the new one, never a torn file.
+func (c *endpointCache) store(endpoints []string) error {
+	b, err := json.Marshal(cacheFile{Version: cacheVersion, Written: time.Now().UTC(), Endpoints: endpoints})
+	if err != nil {
+		return fmt.Errorf("encode endpoint cache: %w", err)
+	}
+	dir := filepath.Dir(c.path)
+	tmp, err := os.CreateTemp(dir, filepath.Base(c.path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("write endpoint cache: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		_ = tmp.Close()
+		return fmt.Errorf("write endpoint cache: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return fmt.Errorf("sync endpoint cache: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write endpoint cache: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), c.path); err != nil {
+		return fmt.Errorf("replace endpoint cache: %w", err)
+	}
+	return syncDir(dir)
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync endpoint cache directory: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync endpoint cache directory: %w", err)
+	}
+	return nil
+}
+
+// cacheProvider offers the cached list as the lowest-priority source: the
+// merged provider drops it once the kubernetes provider has answered.
+type cacheProvider struct {
+	endpoints []string
+}
+
+// newCacheProvider loads the cache. A corrupt or unreadable cache is logged
+// and ignored, never fatal: the daemon then starts on static endpoints.
+func newCacheProvider(c *endpointCache) provider {
+	eps, err := c.load()
+	if err != nil {
+		c.log.Warn("endpoint cache ignored", "path", c.path, "err", err)
+	} else if len(eps) > 0 {
+		c.log.Info("endpoint cache loaded", "path", c.path, "endpoints", eps)
+	}
+	return &cacheProvider{endpoints: eps}
+}
+
+func (p *cacheProvider) name() string         { return cacheProviderName }
+func (p *cacheProvider) supersededBy() string { return kubeProviderName }
+
+func (p *cacheProvider) run(ctx context.Context, out chan<- []string) error {
+	if len(p.endpoints) > 0 {
+		select {
+		case out <- p.endpoints:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	<-ctx.Done()
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -824,6 +825,7 @@ func (p *scriptedProvider) run(ctx context.Context, out chan<- []string) error {
 
 type mergedHarness struct {
 	m      *metrics
+	mp     *mergedProvider
 	out    chan []string
 	cancel context.CancelFunc
 	done   chan error
@@ -833,6 +835,7 @@ type mergedHarness struct {
 func startMerged(t *testing.T, out chan []string, providers ...provider) *mergedHarness {
 	h := &mergedHarness{m: newMetrics(prometheus.NewRegistry()), out: out, done: make(chan error, 1)}
 	mp := newMergedProvider(testLogger(t), h.m, providers...)
+	h.mp = mp
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go func() { h.done <- mp.run(ctx, out) }()
@@ -1183,4 +1186,106 @@ func TestNewKubernetesProvider(t *testing.T) {
 	if got := p.name(); got != "kubernetes" {
 		t.Errorf("name: got %q; want %q", got, "kubernetes")
 	}
+}
+
+func TestEndpointCacheRoundTrip(t *testing.T) {
+	c := &endpointCache{path: filepath.Join(t.TempDir(), "endpoints.json"), log: slog.New(slog.DiscardHandler)}
+	if eps, err := c.load(); err != nil || eps != nil {
+		t.Fatalf("load of a missing cache: got %v, %v; want nil, nil", eps, err)
+	}
+	want := []string{"10.0.0.1:6443", "[fd00::1]:6443"}
+	if err := c.store(want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.load()
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("load after store: got %v, %v; want %v", got, err, want)
+	}
+	leftovers, _ := filepath.Glob(c.path + ".tmp*")
+	if len(leftovers) != 0 {
+		t.Errorf("temporary files left after store: %v", leftovers)
+	}
+}
+
+func TestEndpointCacheCorruptionIgnored(t *testing.T) {
+	tests := []struct {
+		name    string
+		content string
+	}{
+		{"partial file, as a crash mid-write without rename would leave", `{"version":1,"endpoints":["10.0.0.1:64`},
+		{"not JSON", "\x00\x01garbage"},
+		{"wrong version", `{"version":99,"endpoints":["10.0.0.1:6443"]}`},
+		{"invalid endpoint", `{"version":1,"endpoints":["10.0.0.1:99999"]}`},
+		{"empty file", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "endpoints.json")
+			if err := os.WriteFile(path, []byte(tt.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			logs := &syncBuffer{}
+			c := &endpointCache{path: path, log: slog.New(slog.NewTextHandler(logs, nil))}
+			if _, err := c.load(); err == nil {
+				t.Error("load: got nil error; want the corruption reported")
+			}
+			p := newCacheProvider(c).(*cacheProvider)
+			if len(p.endpoints) != 0 {
+				t.Errorf("cache provider endpoints: got %v; want none", p.endpoints)
+			}
+			if !strings.Contains(logs.String(), "endpoint cache ignored") {
+				t.Errorf("log: got %q; want the cache reported as ignored", logs.String())
+			}
+		})
+	}
+}
+
+func TestEndpointCacheStoreKeepsOldFileOnFailure(t *testing.T) {
+	dir := t.TempDir()
+	c := &endpointCache{path: filepath.Join(dir, "endpoints.json"), log: slog.New(slog.DiscardHandler)}
+	if err := c.store([]string{"10.0.0.1:6443"}); err != nil {
+		t.Fatal(err)
+	}
+	// A read-only directory makes the temporary file fail: the old cache
+	// must survive intact (root ignores permissions, so skip then).
+	if err := os.Chmod(dir, 0o500); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Chmod(dir, 0o700)
+	if os.Geteuid() == 0 {
+		t.Skip("root writes to read-only directories")
+	}
+	if err := c.store([]string{"10.0.0.2:6443"}); err == nil {
+		t.Fatal("store into a read-only directory: got nil error")
+	}
+	if got, err := c.load(); err != nil || !slices.Equal(got, []string{"10.0.0.1:6443"}) {
+		t.Errorf("cache after a failed store: got %v, %v; want the old list", got, err)
+	}
+}
+
+func TestCacheProviderSupersededByKubernetes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kube := newScripted(kubeProviderName, nil)
+		cache := &cacheProvider{endpoints: []string{"10.0.0.9:6443"}}
+		h := startMerged(t, make(chan []string, 10), newStaticProvider([]string{"10.0.0.1:6443"}), cache, kube)
+		last := func() []string {
+			sent := h.sent()
+			if len(sent) == 0 {
+				return nil
+			}
+			return sent[len(sent)-1]
+		}
+		if got := last(); !slices.Equal(got, []string{"10.0.0.1:6443", "10.0.0.9:6443"}) {
+			t.Fatalf("before discovery answers: got %v; want static plus cache", got)
+		}
+		kube.lists <- []string{"10.0.0.2:6443"}
+		if got := last(); !slices.Equal(got, []string{"10.0.0.1:6443", "10.0.0.2:6443"}) {
+			t.Fatalf("after discovery answered: got %v; want static plus kubernetes, cache dropped", got)
+		}
+		src := h.mp.sources()
+		if !slices.Equal(src["10.0.0.2:6443"], []string{kubeProviderName}) || src["10.0.0.9:6443"] != nil {
+			t.Errorf("sources: got %v; want 10.0.0.2 from kubernetes and no cache entries", src)
+		}
+		h.stop(t)
+	})
 }

@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
+	"text/tabwriter"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,7 +82,7 @@ const metricsMaxInFlight = 4
 // is true while at least one upstream is healthy and not draining; gatherer
 // backs /metrics. Paths match exactly; anything else is 404. A new path
 // goes through readOnly like these, so the method rules stay in one place.
-func newHealthHandler(live func() (bool, string), ready func() bool, gatherer prometheus.Gatherer) http.Handler {
+func newHealthHandler(live func() (bool, string), ready func() bool, gatherer prometheus.Gatherer) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/healthz", readOnly(livenessHandler(live)))
 	mux.Handle("/readyz", readOnly(readinessHandler(ready)))
@@ -221,4 +225,94 @@ func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log *sl
 // function so that it shows up in stack dumps.
 func serveHTTP(srv *http.Server, ln net.Listener, errc chan<- error) {
 	errc <- srv.Serve(ln)
+}
+
+// upstreamsHandler serves /upstreams: the state of every upstream as JSON,
+// or as a table for a client that asks for text/plain (extractedprism
+// status does).
+func upstreamsHandler(describe func() []upstreamStatus) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := describe()
+		if strings.Contains(r.Header.Get("Accept"), "text/plain") {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			writeUpstreamTable(w, st)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st) // a failed write means the client went away
+	})
+}
+
+// writeUpstreamTable renders st as an aligned text table.
+func writeUpstreamTable(w io.Writer, st []upstreamStatus) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "UPSTREAM\tSOURCES\tHEALTH\tSTREAK\tREADY\tRTT\tTIER\tCONNS\tDRAIN\tLAST CHECK\tLAST ERROR")
+	for _, s := range st {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
+			s.Address, orDash(strings.Join(s.Sources, ",")), healthWord(s.Healthy), s.FailStreak,
+			readyWord(s), rttText(s.RTTSeconds), tierText(s.Tier), s.Connections,
+			drainText(s), timeText(s.LastCheck), orDash(s.LastError))
+	}
+	_ = tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func healthWord(ok bool) string {
+	if ok {
+		return "healthy"
+	}
+	return "unhealthy"
+}
+
+func readyWord(s upstreamStatus) string {
+	switch {
+	case s.Ready == nil:
+		return "-"
+	case s.ReadyPending:
+		return "pending"
+	case *s.Ready:
+		return "ready"
+	default:
+		return "not-ready"
+	}
+}
+
+func rttText(sec *float64) string {
+	if sec == nil {
+		return "-"
+	}
+	return time.Duration(*sec * float64(time.Second)).Round(10 * time.Microsecond).String()
+}
+
+func tierText(t *int) string {
+	if t == nil {
+		return "-"
+	}
+	return strconv.Itoa(*t)
+}
+
+func drainText(s upstreamStatus) string {
+	switch {
+	case !s.Draining:
+		return "-"
+	case s.DrainDeadline == nil:
+		return "draining"
+	default:
+		return "until " + s.DrainDeadline.Format(time.RFC3339)
+	}
+}
+
+func timeText(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.Format(time.RFC3339)
 }

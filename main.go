@@ -98,6 +98,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -105,8 +106,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -123,7 +126,7 @@ const shutdownTimeout = 5 * time.Second
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stderr)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "extractedprism:", err)
@@ -132,9 +135,13 @@ func main() {
 }
 
 // run parses the configuration, opens both listeners and serves until ctx is
-// done. Help and version output are not errors.
-func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	cfg, err := parseConfig(args, getenv, stderr)
+// done. Help and version output are not errors. "extractedprism status"
+// prints the upstream table of a running daemon instead.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "status" {
+		return status(ctx, args[1:], getenv, stdout)
+	}
+	cfg, err := parseConfig(args, getenv, stdout)
 	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errVersionShown) {
 		return nil
 	}
@@ -185,6 +192,7 @@ type daemon struct {
 	proxy     *proxy
 	heartbeat *heartbeat
 	discovery *mergedProvider
+	cache     *endpointCache // nil without --endpoint-cache-file
 }
 
 func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
@@ -212,6 +220,10 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 		sweep:        true,
 		readyz:       cfg.HealthCheck == "readyz",
 	}, check, sel)
+	var cache *endpointCache
+	if cfg.EndpointCacheFile != "" && cfg.EnableDiscovery {
+		cache = &endpointCache{path: cfg.EndpointCacheFile, log: log.With("component", "cache")}
+	}
 	return &daemon{
 		cfg:       cfg,
 		log:       log,
@@ -219,16 +231,21 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 		pool:      pl,
 		proxy:     newProxy(log.With("component", "proxy"), m, pl, cfg.HealthTimeout, connLimit(openFilesLimit())),
 		heartbeat: newHeartbeat(cfg.LivenessThreshold),
-		discovery: newMergedProvider(log.With("component", "discovery"), m, providers(cfg, log, m, lbAddr)...),
+		discovery: newMergedProvider(log.With("component", "discovery"), m, providers(cfg, log, m, lbAddr, cache)...),
+		cache:     cache,
 	}
 }
 
 // providers returns the static provider and, when enabled and credentials
-// exist, the Kubernetes provider.
-func providers(cfg *config, log *slog.Logger, m *metrics, lbAddr string) []provider {
+// exist, the Kubernetes provider, with the endpoint cache standing in for it
+// until it answers.
+func providers(cfg *config, log *slog.Logger, m *metrics, lbAddr string, cache *endpointCache) []provider {
 	ps := []provider{newStaticProvider(cfg.Endpoints)}
 	if !cfg.EnableDiscovery {
 		return ps
+	}
+	if cache != nil {
+		ps = append(ps, newCacheProvider(cache))
 	}
 	kp, err := newKubernetesProvider(kubeProviderConfig{
 		LocalAddr:  dialableAddr(lbAddr),
@@ -249,20 +266,26 @@ func dialableAddr(addr string) string {
 	if err != nil {
 		return addr
 	}
+	return net.JoinHostPort(dialableHost(host), port)
+}
+
+// dialableHost maps a wildcard address to the loopback of its family.
+func dialableHost(host string) string {
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		if ip.To4() != nil {
-			host = "127.0.0.1"
-		} else {
-			host = "::1"
+			return "127.0.0.1"
 		}
+		return "::1"
 	}
-	return net.JoinHostPort(host, port)
+	return host
 }
 
 func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	d.log.Info("starting", "listen", lbLn.Addr().String(), "health", healthLn.Addr().String(),
 		"endpoints", d.cfg.Endpoints)
-	srv := newHealthServer(healthLn.Addr().String(), newHealthHandler(d.heartbeat.alive, d.pool.ready, d.reg), d.log)
+	mux := newHealthHandler(d.heartbeat.alive, d.pool.ready, d.reg)
+	mux.Handle("/upstreams", readOnly(upstreamsHandler(d.describe)))
+	srv := newHealthServer(healthLn.Addr().String(), mux, d.log)
 	// The static endpoints are known before anything listens: seed the pool
 	// with them so the first client never finds it empty. Discovery sends
 	// the same list again, which changes nothing.
@@ -271,11 +294,15 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	discDone := make(chan error, 1)
 	var healthErr error
 	var wg sync.WaitGroup
+	toCache := make(chan []string, 1)
+	if d.cache != nil {
+		wg.Go(func() { d.cacheWriter(ctx, toCache) })
+	}
 	wg.Go(func() { discDone <- d.discovery.run(ctx, updates) })
 	wg.Go(func() { d.proxy.serve(ctx, lbLn) })
 	wg.Go(func() { healthErr = serveHealth(ctx, srv, healthLn, d.log) })
 
-	d.loop(ctx, updates, discDone)
+	d.loop(ctx, updates, discDone, toCache)
 
 	err := d.proxy.shutdown(shutdownTimeout)
 	d.pool.close()
@@ -286,16 +313,23 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 
 // loop is the run loop: it applies endpoint lists to the pool and beats the
 // liveness heartbeat until ctx is done.
-func (d *daemon) loop(ctx context.Context, updates <-chan []string, discDone <-chan error) {
+func (d *daemon) loop(ctx context.Context, updates <-chan []string, discDone <-chan error, toCache chan []string) {
 	t := time.NewTicker(d.cfg.LivenessInterval)
 	defer t.Stop()
+	summary := time.NewTicker(summaryInterval)
+	defer summary.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-summary.C:
+			d.logSummary()
 		case eps := <-updates:
 			d.log.Info("endpoint list updated", "endpoints", eps)
 			d.pool.update(eps)
+			if d.cache != nil {
+				offerLatest(toCache, d.discovered())
+			}
 		case err := <-discDone:
 			if ctx.Err() != nil {
 				return
@@ -305,6 +339,77 @@ func (d *daemon) loop(ctx context.Context, updates <-chan []string, discDone <-c
 			discDone = nil
 		case <-t.C:
 			d.beat()
+		}
+	}
+}
+
+// summaryInterval is how often a debug line sums up the upstreams, so a
+// debug log shows the state even while nothing changes.
+const summaryInterval = 5 * time.Minute
+
+func (d *daemon) logSummary() {
+	st := d.describe()
+	healthy, conns := 0, 0
+	for _, s := range st {
+		if s.Healthy {
+			healthy++
+		}
+		conns += s.Connections
+	}
+	d.log.Debug("summary", "upstreams", len(st), "healthy", healthy, "connections", conns)
+}
+
+// describe is the state of every upstream, for /upstreams.
+func (d *daemon) describe() []upstreamStatus {
+	return d.pool.describe(d.discovery.sources())
+}
+
+// discovered is the current list of the kubernetes provider, nil if it has
+// not answered.
+func (d *daemon) discovered() []string {
+	var eps []string
+	for addr, srcs := range d.discovery.sources() {
+		if slices.Contains(srcs, kubeProviderName) {
+			eps = append(eps, addr)
+		}
+	}
+	slices.Sort(eps)
+	return eps
+}
+
+// offerLatest hands list to the cache writer without blocking the run loop,
+// replacing a list the writer has not taken yet. The run loop is the only
+// sender.
+func offerLatest(ch chan []string, list []string) {
+	if len(list) == 0 {
+		return
+	}
+	select {
+	case <-ch:
+	default:
+	}
+	ch <- list
+}
+
+// cacheWriter writes each discovered list that differs from the last one
+// written. It runs apart from the run loop, so a slow disk delays the
+// cache, not the liveness heartbeat.
+func (d *daemon) cacheWriter(ctx context.Context, lists <-chan []string) {
+	var written []string
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case eps := <-lists:
+			if slices.Equal(eps, written) {
+				continue
+			}
+			if err := d.cache.store(eps); err != nil {
+				d.log.Warn("endpoint cache not written", "err", err)
+				continue
+			}
+			written = eps
+			d.log.Debug("endpoint cache written", "endpoints", eps)
 		}
 	}
 }
@@ -319,4 +424,47 @@ func (d *daemon) beat() {
 		return
 	}
 	d.heartbeat.beat()
+}
+
+// status is the "extractedprism status" command: it asks the daemon's health
+// server for /upstreams and prints the table. The address comes from
+// --health-address, else from EP_HEALTH_BIND_ADDRESS (or EP_BIND_ADDRESS)
+// and EP_HEALTH_PORT, else 127.0.0.1:7446.
+func status(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("extractedprism status", flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	addr := fs.String("health-address", defaultHealthAddress(getenv), "host:port of the daemon's health server")
+	asJSON := fs.Bool("json", false, "print the JSON document instead of the table")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+"/upstreams", nil)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	if !*asJSON {
+		req.Header.Set("Accept", "text/plain")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status: %s answered %s", *addr, resp.Status)
+	}
+	if _, err := io.Copy(stdout, io.LimitReader(resp.Body, 1<<20)); err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	return nil
+}
+
+func defaultHealthAddress(getenv func(string) string) string {
+	host := cmp.Or(getenv("EP_HEALTH_BIND_ADDRESS"), getenv("EP_BIND_ADDRESS"), "127.0.0.1")
+	return net.JoinHostPort(dialableHost(host), cmp.Or(getenv("EP_HEALTH_PORT"), "7446"))
 }

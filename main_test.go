@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,7 +69,7 @@ func startDaemon(t *testing.T, env map[string]string, args ...string) *runningDa
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	getenv := func(k string) string { return env[k] }
-	go func() { d.done <- run(ctx, args, getenv, d.logs) }()
+	go func() { d.done <- run(ctx, args, getenv, d.logs, d.logs) }()
 	t.Cleanup(func() {
 		d.stop(t)
 		if t.Failed() {
@@ -174,7 +176,7 @@ func TestRunRejectsBadConfigBeforeListening(t *testing.T) {
 	err := run(context.Background(), []string{
 		"--endpoints", "127.0.0.1:6443", "--bind-port", strconv.Itoa(port),
 		"--health-timeout", "30s",
-	}, func(string) string { return "" }, &out)
+	}, func(string) string { return "" }, &out, &out)
 	if err == nil || !strings.Contains(err.Error(), "--health-timeout") || !strings.Contains(err.Error(), "EP_HEALTH_TIMEOUT") {
 		t.Fatalf("got %v; want an error naming --health-timeout and EP_HEALTH_TIMEOUT", err)
 	}
@@ -187,7 +189,7 @@ func TestRunRejectsBadConfigBeforeListening(t *testing.T) {
 func TestRunHelpAndVersionExitCleanly(t *testing.T) {
 	for _, arg := range []string{"--help", "--version"} {
 		var out bytes.Buffer
-		if err := run(context.Background(), []string{arg}, func(string) string { return "" }, &out); err != nil {
+		if err := run(context.Background(), []string{arg}, func(string) string { return "" }, &out, &out); err != nil {
 			t.Errorf("run %s: got %v; want nil", arg, err)
 		}
 		if out.Len() == 0 {
@@ -226,7 +228,7 @@ func TestRunIPv6(t *testing.T) {
 			"--bind-address", "::1", "--bind-port", strconv.Itoa(bindPort),
 			"--health-port", strconv.Itoa(healthPort), "--enable-discovery=false",
 			"--endpoints", up6.Addr().String(),
-		}, func(string) string { return "" }, io.Discard)
+		}, func(string) string { return "" }, io.Discard, io.Discard)
 	}()
 	defer func() {
 		cancel()
@@ -304,9 +306,134 @@ func TestRunReadyzNeedsReadableCA(t *testing.T) {
 			"--endpoints", "127.0.0.1:6443", "--bind-port", strconv.Itoa(freePort(t)),
 			"--health-port", strconv.Itoa(freePort(t)), "--enable-discovery=false",
 			"--health-check", "readyz", "--health-check-ca-file", ca,
-		}, func(string) string { return "" }, io.Discard)
+		}, func(string) string { return "" }, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), "--health-check-ca-file") {
 			t.Errorf("CA %s: got %v; want an error naming --health-check-ca-file", ca, err)
 		}
 	}
+}
+
+func TestRunUpstreamsEndpointAndStatusCommand(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	d := startDaemon(t, nil, "--endpoints", a.addr+","+b.addr)
+	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("hold")); err != nil {
+		t.Fatal(err)
+	}
+	var st []upstreamStatus
+	waitFor(t, "/upstreams to show both upstreams checked", func() bool {
+		code, body := httpGet(d.healthBase + "/upstreams")
+		if code != http.StatusOK {
+			t.Fatalf("/upstreams: got %d; want 200", code)
+		}
+		if err := json.Unmarshal([]byte(body), &st); err != nil {
+			t.Fatalf("/upstreams is not JSON: %v\n%s", err, body)
+		}
+		return len(st) == 2 && st[0].LastCheck != nil && st[1].LastCheck != nil
+	})
+	if len(st) != 2 || st[0].Address > st[1].Address {
+		t.Fatalf("/upstreams: got %+v; want both upstreams, ordered", st)
+	}
+	conns := 0
+	for _, s := range st {
+		if !s.Healthy || !slices.Equal(s.Sources, []string{"static"}) || s.LastCheck == nil {
+			t.Errorf("upstream %s: got %+v; want healthy, source static, checked", s.Address, s)
+		}
+		conns += s.Connections
+	}
+	if conns != 1 {
+		t.Errorf("connections across upstreams: got %d; want 1", conns)
+	}
+
+	healthAddr := strings.TrimPrefix(d.healthBase, "http://")
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"status", "--health-address", healthAddr}, func(string) string { return "" }, &out, io.Discard); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	for _, want := range []string{"UPSTREAM", a.addr, b.addr, "healthy", "static"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := run(context.Background(), []string{"status", "--health-address", deadAddr(t)}, func(string) string { return "" }, io.Discard, io.Discard); err == nil {
+		t.Error("status against a dead address: got nil error")
+	}
+}
+
+func TestRunStartsFromEndpointCache(t *testing.T) {
+	alive := startUpstream(t, echo)
+	dir := t.TempDir()
+	cachePath := dir + "/endpoints.json"
+	c := &endpointCache{path: cachePath, log: slog.New(slog.DiscardHandler)}
+	if err := c.store([]string{alive.addr}); err != nil {
+		t.Fatal(err)
+	}
+	// Discovery is on but never answers: the kubeconfig's credentials are
+	// useless, and its requests reach an echo server through the proxy.
+	kubeconfig := dir + "/kubeconfig"
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: nothing}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, nil, "--endpoints", deadAddr(t), "--enable-discovery=true",
+		"--kubeconfig", kubeconfig, "--endpoint-cache-file", cachePath)
+	conn, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := roundTrip(conn, []byte("via the cached endpoint")); err != nil {
+		t.Fatalf("with the static endpoint dead and the cache listing a live one: %v", err)
+	}
+	_, body := httpGet(d.healthBase + "/upstreams")
+	if !strings.Contains(body, `"cache"`) {
+		t.Errorf("/upstreams does not show the cache as a source:\n%s", body)
+	}
+}
+
+func TestRunCorruptCacheIsNotFatal(t *testing.T) {
+	a := startUpstream(t, echo)
+	cachePath := t.TempDir() + "/endpoints.json"
+	if err := os.WriteFile(cachePath, []byte(`{"version":1,"endpoints":["10.0`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, nil, "--endpoints", a.addr, "--endpoint-cache-file", cachePath, "--enable-discovery=true",
+		"--kubeconfig", "/nonexistent/kubeconfig")
+	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := roundTrip(c, []byte("static still works")); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(d.logs.String(), "endpoint cache ignored") {
+		t.Errorf("log does not report the corrupt cache:\n%s", d.logs.String())
+	}
+}
+
+func TestCacheWriterWritesDiscoveredLists(t *testing.T) {
+	path := t.TempDir() + "/endpoints.json"
+	d := &daemon{log: slog.New(slog.DiscardHandler), cache: &endpointCache{path: path, log: slog.New(slog.DiscardHandler)}}
+	lists := make(chan []string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { d.cacheWriter(ctx, lists) })
+	offerLatest(lists, []string{"10.0.0.1:6443"})
+	offerLatest(lists, []string{"10.0.0.2:6443"}) // replaces the one not yet taken, if any
+	waitFor(t, "the cache to hold the latest list", func() bool {
+		got, err := d.cache.load()
+		return err == nil && slices.Equal(got, []string{"10.0.0.2:6443"})
+	})
+	cancel()
+	wg.Wait()
 }

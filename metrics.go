@@ -1,6 +1,8 @@
 package main
 
 import (
+	"runtime"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -24,6 +26,10 @@ type metrics struct {
 	hedgedDials     prometheus.Counter
 	hedgedWins      prometheus.Counter
 	deadConnsClosed prometheus.Counter
+	dialSeconds     *prometheus.HistogramVec // upstream
+	upstreamConns   *prometheus.GaugeVec     // upstream
+	drains          prometheus.Gauge
+	buildInfo       *prometheus.GaugeVec // version, revision, goversion
 }
 
 const metricNamespace = "extractedprism"
@@ -87,6 +93,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: metricNamespace, Name: "dead_connections_closed_total",
 			Help: "Proxied connections closed because the kernel found the upstream peer gone (keepalive or TCP_USER_TIMEOUT).",
 		}),
+		dialSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: metricNamespace, Name: "upstream_dial_duration_seconds",
+			Help:    "Time to connect to an upstream for a client connection, successful dials only.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"upstream"}),
+		upstreamConns: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricNamespace, Name: "upstream_connections",
+			Help: "Proxied connections currently open to the upstream.",
+		}, []string{"upstream"}),
+		drains: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricNamespace, Name: "drains_in_progress",
+			Help: "Removed upstreams whose connections are still draining.",
+		}),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: metricNamespace, Name: "build_info",
+			Help: "Always 1; the labels say which build is running.",
+		}, []string{"version", "revision", "goversion"}),
 	}
 	reg.MustRegister(
 		m.upstreamsActive, m.upstreamsTotal,
@@ -94,7 +117,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.discoveryUpdates, m.discoveryErrors,
 		m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
 		m.hedgedDials, m.hedgedWins, m.deadConnsClosed,
+		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo,
 	)
+	version, revision := versionInfo()
+	m.buildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
 	return m
 }
 
@@ -106,6 +132,8 @@ func (m *metrics) forgetUpstream(addr string) {
 	m.upstreamTier.DeleteLabelValues(addr)
 	m.upstreamReady.DeleteLabelValues(addr)
 	m.healthStatus.DeleteLabelValues(addr)
+	m.dialSeconds.DeleteLabelValues(addr)
+	m.upstreamConns.DeleteLabelValues(addr)
 }
 
 // boolGauge converts a state to the 1/0 value the gauges use.

@@ -122,6 +122,10 @@ func (r *readyzProbe) check(ctx context.Context, addr string) checkResult {
 		return checkResult{err: err}
 	}
 	defer closeAbortive(c)
+	// Reads and writes on c heed only its deadline; cancelling ctx (the
+	// pool shutting down, the upstream draining) must end them too.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	return checkResult{rtt: rtt, probed: true, notReady: r.probe(ctx, c)}
 }
 

@@ -408,7 +408,11 @@ func (cd *connDial) wait() {
 // dialAttempt runs one dial and reports it on results, which connect reads
 // until every dial it started has reported.
 func (p *proxy) dialAttempt(ctx context.Context, a attempt, results chan<- attempt) {
+	start := time.Now()
 	a.conn, a.err = p.dialPatiently(ctx, a.u.addr)
+	if a.err == nil {
+		a.u.dialSeconds.Observe(time.Since(start).Seconds())
+	}
 	results <- a
 }
 

@@ -52,8 +52,9 @@ func (s *latencySelector) order(all, candidates []*upstream) [][]*upstream {
 	s.groups = groupsOf(tiers)
 	for _, u := range all {
 		if u.hasRTT {
+			u.tier, u.hasTier = s.groups[u.addr], true
 			s.m.upstreamRTT.WithLabelValues(u.addr).Set(u.rtt.Seconds())
-			s.m.upstreamTier.WithLabelValues(u.addr).Set(float64(s.groups[u.addr]))
+			s.m.upstreamTier.WithLabelValues(u.addr).Set(float64(u.tier))
 		}
 	}
 	byTier := make([][]*upstream, len(tiers))

@@ -25,11 +25,19 @@ type upstream struct {
 	// removed its series is deleted from the vector, so late increments land
 	// on a detached counter and are not exported, as the spec requires.
 	errs prometheus.Counter
+	// dialSeconds and connGauge are this upstream's children of
+	// upstream_dial_duration_seconds and upstream_connections.
+	dialSeconds prometheus.Observer
+	connGauge   prometheus.Gauge
 
 	healthy     bool
 	failStreak  int
-	lastHealthy time.Time     // last successful check or dial; orders last-resort dials
-	lastErr     error         // last failed check or dial
+	lastHealthy time.Time // last successful check or dial; orders last-resort dials
+	lastErr     error     // last failed check or dial
+	lastErrAt   time.Time
+	lastCheck   time.Time // when the last health check ended
+	tier        int       // latency tier; set by latencySelector when hasTier
+	hasTier     bool
 	rtt         time.Duration // smoothed connect time of successful checks
 	hasRTT      bool
 	// suspect is set from the first failed check or dial until the next
@@ -52,11 +60,12 @@ type upstream struct {
 	evictDone chan struct{}
 	evicted   bool
 
-	draining   bool
-	drainDone  chan struct{} // closed when the current drain ends early (aborted or emptied)
-	removed    bool
-	conns      map[*proxyConn]struct{}
-	stopProbes context.CancelFunc
+	draining      bool
+	drainDeadline time.Time
+	drainDone     chan struct{} // closed when the current drain ends early (aborted or emptied)
+	removed       bool
+	conns         map[*proxyConn]struct{}
+	stopProbes    context.CancelFunc
 }
 
 // snapshot is an immutable view of the pool that the accept path reads
@@ -151,12 +160,14 @@ func (p *pool) update(addrs []string) {
 
 func (p *pool) addLocked(addr string) {
 	u := &upstream{
-		addr:    addr,
-		log:     p.log.With("upstream", addr),
-		errs:    p.m.connectionErrors.WithLabelValues(addr),
-		healthy: true, // a new upstream takes picks before its first check
-		conns:   make(map[*proxyConn]struct{}),
-		recheck: make(chan struct{}, 1),
+		addr:        addr,
+		log:         p.log.With("upstream", addr),
+		errs:        p.m.connectionErrors.WithLabelValues(addr),
+		dialSeconds: p.m.dialSeconds.WithLabelValues(addr),
+		connGauge:   p.m.upstreamConns.WithLabelValues(addr),
+		healthy:     true, // a new upstream takes picks before its first check
+		conns:       make(map[*proxyConn]struct{}),
+		recheck:     make(chan struct{}, 1),
 
 		readyPending: true, // not ready until its first probe passes
 	}
@@ -183,6 +194,8 @@ func (p *pool) startDrainLocked(u *upstream) {
 		return
 	}
 	u.drainDone = make(chan struct{})
+	u.drainDeadline = time.Now().Add(p.cfg.drainTimeout)
+	p.m.drains.Inc()
 	u.log.Info("upstream draining", "connections", len(u.conns), "timeout", p.cfg.drainTimeout)
 	done := u.drainDone
 	p.wg.Go(func() { p.drainWait(u, done) })
@@ -221,6 +234,7 @@ func (p *pool) endDrainLocked(u *upstream) {
 	if u.drainDone != nil {
 		close(u.drainDone)
 		u.drainDone = nil
+		p.m.drains.Dec()
 	}
 }
 
@@ -244,6 +258,10 @@ func (p *pool) removeLocked(u *upstream) {
 func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	u.lastCheck = time.Now()
+	if res.notReady != nil {
+		u.lastErr, u.lastErrAt = res.notReady, u.lastCheck
+	}
 	if res.err == nil && !u.removed && !u.draining {
 		u.rtt = nextRTT(u.rtt, u.hasRTT, res.rtt)
 		u.hasRTT = true
@@ -326,7 +344,6 @@ func (p *pool) applyLocked(u *upstream, err error) (changed bool) {
 	if err == nil {
 		u.failStreak = 0
 		u.lastHealthy = time.Now()
-		u.lastErr = nil
 		p.setSuspectLocked(u, false)
 		if !u.healthy {
 			u.healthy = true
@@ -335,7 +352,7 @@ func (p *pool) applyLocked(u *upstream, err error) (changed bool) {
 		}
 	} else {
 		u.failStreak++
-		u.lastErr = err
+		u.lastErr, u.lastErrAt = err, time.Now()
 		p.setSuspectLocked(u, true)
 		if u.healthy && u.failStreak >= failThreshold {
 			u.healthy = false
@@ -378,6 +395,12 @@ func (p *pool) connected(u *upstream, pc *proxyConn) bool {
 		p.publishLocked()
 	}
 	u.conns[pc] = struct{}{}
+	u.connGauge.Inc()
+	// Its connections were closed while it is unready and another is
+	// ready. A new one (a last-resort dial) gets the same treatment, armed
+	// at the next state change or check, so it is usable meanwhile rather
+	// than closed the moment the proxy chose it.
+	u.evicted = false
 	return true
 }
 
@@ -396,7 +419,10 @@ func (p *pool) closeConns() {
 func (p *pool) detach(u *upstream, pc *proxyConn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(u.conns, pc)
+	if _, ok := u.conns[pc]; ok {
+		delete(u.conns, pc)
+		u.connGauge.Dec()
+	}
 	if u.draining && !u.removed && len(u.conns) == 0 {
 		u.log.Info("upstream drained")
 		p.removeLocked(u)
@@ -534,4 +560,72 @@ func (p *pool) ready() bool {
 func (p *pool) responsive() {
 	p.mu.Lock()
 	p.mu.Unlock() //nolint:staticcheck // an empty critical section is the point
+}
+
+// upstreamStatus is what /upstreams shows of one upstream.
+type upstreamStatus struct {
+	Address       string     `json:"address"`
+	Sources       []string   `json:"sources"`
+	Healthy       bool       `json:"healthy"`
+	FailStreak    int        `json:"fail_streak"`
+	Ready         *bool      `json:"ready,omitempty"` // readyz mode, after the first probe
+	ReadyPending  bool       `json:"ready_pending,omitempty"`
+	RTTSeconds    *float64   `json:"rtt_seconds,omitempty"`
+	Tier          *int       `json:"tier,omitempty"` // latency mode
+	Connections   int        `json:"connections"`
+	Draining      bool       `json:"draining"`
+	DrainDeadline *time.Time `json:"drain_deadline,omitempty"`
+	LastCheck     *time.Time `json:"last_check,omitempty"`
+	LastError     string     `json:"last_error,omitempty"`
+	LastErrorAt   *time.Time `json:"last_error_at,omitempty"`
+}
+
+// describe returns the state of every upstream, ordered by address; sources
+// maps addresses to the discovery providers that list them.
+func (p *pool) describe(sources map[string][]string) []upstreamStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]upstreamStatus, 0, len(p.upstreams))
+	for _, u := range p.upstreams {
+		out = append(out, p.statusLocked(u, sources[u.addr]))
+	}
+	slices.SortFunc(out, func(a, b upstreamStatus) int { return cmp.Compare(a.Address, b.Address) })
+	return out
+}
+
+func (p *pool) statusLocked(u *upstream, sources []string) upstreamStatus {
+	st := upstreamStatus{
+		Address: u.addr, Sources: sources, Healthy: u.healthy, FailStreak: u.failStreak,
+		Connections: len(u.conns), Draining: u.draining,
+	}
+	if st.Sources == nil {
+		st.Sources = []string{} // draining: no provider lists it any more
+	}
+	if p.cfg.readyz && u.readyKnown {
+		ready := u.ready
+		st.Ready, st.ReadyPending = &ready, u.readyPending
+	}
+	if u.hasRTT {
+		rtt := u.rtt.Seconds()
+		st.RTTSeconds = &rtt
+	}
+	if u.hasTier {
+		tier := u.tier
+		st.Tier = &tier
+	}
+	st.DrainDeadline = timePtr(u.draining && u.drainDone != nil, u.drainDeadline)
+	st.LastCheck = timePtr(!u.lastCheck.IsZero(), u.lastCheck)
+	if u.lastErr != nil {
+		st.LastError = u.lastErr.Error()
+		st.LastErrorAt = timePtr(true, u.lastErrAt)
+	}
+	return st
+}
+
+func timePtr(set bool, t time.Time) *time.Time {
+	if !set {
+		return nil
+	}
+	t = t.UTC()
+	return &t
 }
