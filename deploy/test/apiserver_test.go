@@ -382,13 +382,13 @@ func startControlPlane(ctx context.Context, t *testing.T, apiserverBin, etcdBin 
 	clientURL := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(etcdClient))
 	peerURL := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(etcdPeer))
 	startProcess(t, dir, "etcd", etcdBin,
-		"--name", "default",
+		"--name", "extractedprism-test",
 		"--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", clientURL,
 		"--advertise-client-urls", clientURL,
 		"--listen-peer-urls", peerURL,
 		"--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "default="+peerURL,
+		"--initial-cluster", "extractedprism-test="+peerURL,
 		"--unsafe-no-fsync",
 		"--log-level", "warn",
 	)
@@ -407,6 +407,9 @@ func startControlPlane(ctx context.Context, t *testing.T, apiserverBin, etcdBin 
 		"--service-account-signing-key-file", pki.saKey,
 		"--cert-dir", filepath.Join(dir, "apiserver-certs"),
 		"--profiling=false",
+		// The reconciler that writes the kubernetes Endpoints refuses a
+		// loopback advertise address, and nothing here reads them.
+		"--endpoint-reconciler-type", "none",
 	)
 
 	cfg := &rest.Config{

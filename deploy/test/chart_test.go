@@ -150,6 +150,42 @@ func templateCases(appVersion string) []templateCase {
 			},
 		},
 		{
+			name: "endpoint cache on a host directory",
+			values: withEndpoints(map[string]any{
+				"discovery": map[string]any{"cache": map[string]any{"enabled": true, "hostPath": "/var/lib/extractedprism"}},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				pod := m.DaemonSet.Spec.Template.Spec
+				c := container(t, m)
+				if got, want := envValues(t, c)["EP_ENDPOINT_CACHE_FILE"], "/var/lib/extractedprism/endpoints.json"; got != want {
+					t.Errorf("EP_ENDPOINT_CACHE_FILE = %q; want %q", got, want)
+				}
+				if len(pod.Volumes) != 1 || pod.Volumes[0].HostPath == nil || pod.Volumes[0].HostPath.Path != "/var/lib/extractedprism" ||
+					pod.Volumes[0].HostPath.Type == nil || *pod.Volumes[0].HostPath.Type != corev1.HostPathDirectoryOrCreate {
+					t.Errorf("volumes = %v; want hostPath /var/lib/extractedprism, DirectoryOrCreate", pod.Volumes)
+				}
+				// The daemon writes the file, so this one mount is writable.
+				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/var/lib/extractedprism" || c.VolumeMounts[0].ReadOnly {
+					t.Errorf("mounts = %v; want /var/lib/extractedprism read-write", c.VolumeMounts)
+				}
+			},
+		},
+		{
+			name: "endpoint cache in an emptyDir",
+			values: withEndpoints(map[string]any{
+				"discovery": map[string]any{"cache": map[string]any{"enabled": true}},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				pod := m.DaemonSet.Spec.Template.Spec
+				if len(pod.Volumes) != 1 || pod.Volumes[0].EmptyDir == nil {
+					t.Errorf("volumes = %v; want one emptyDir", pod.Volumes)
+				}
+				if envValues(t, container(t, m))["EP_ENDPOINT_CACHE_FILE"] == "" {
+					t.Error("EP_ENDPOINT_CACHE_FILE is not set")
+				}
+			},
+		},
+		{
 			name: "readyz with the kubelet certificate",
 			values: withEndpoints(map[string]any{
 				"healthCheck": "readyz",
@@ -450,6 +486,8 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "maxUnavailable zero", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": 0}}), want: []string{"'/updateStrategy/maxUnavailable'", "minimum"}},
 		{name: "PodMonitor without exposed metrics", values: withEndpoints(map[string]any{"metrics": map[string]any{"podMonitor": map[string]any{"enabled": true}}}), want: []string{"metrics.podMonitor.enabled needs metrics.expose"}},
 		{name: "exposed metrics and a health bind address", values: withEndpoints(map[string]any{"healthBindAddress": "0.0.0.0", "metrics": map[string]any{"expose": true}}), want: []string{"leave healthBindAddress empty"}},
+		{name: "endpoint cache without discovery", values: withEndpoints(map[string]any{"discovery": map[string]any{"enabled": false, "cache": map[string]any{"enabled": true}}}), want: []string{"discovery.cache.enabled needs discovery.enabled"}},
+		{name: "relative cache directory", values: withEndpoints(map[string]any{"discovery": map[string]any{"cache": map[string]any{"enabled": true, "hostPath": "var/lib"}}}), want: []string{"'/discovery/cache/hostPath'"}},
 		{name: "credentials with the tcp check", values: withEndpoints(map[string]any{"readyz": map[string]any{"credentials": "serviceAccountToken"}}), want: []string{"set healthCheck=readyz"}},
 		{name: "existing service account without a name", values: withEndpoints(map[string]any{"serviceAccount": map[string]any{"create": false}}), want: []string{"serviceAccount.name is required"}},
 	}

@@ -73,6 +73,11 @@ probes go to the pod IP, which is the node IP under hostNetwork.
 {{- end -}}
 {{- end -}}
 
+{{/* The directory the endpoint cache file lives in, inside the container. */}}
+{{- define "extractedprism.cacheDir" -}}
+/var/lib/extractedprism
+{{- end -}}
+
 {{/* Cross-value rules the schema cannot express; each failure says what to do. */}}
 {{- define "extractedprism.validate" -}}
 {{- if not .Values.endpoints -}}
@@ -86,6 +91,9 @@ probes go to the pod IP, which is the node IP under hostNetwork.
 {{- end -}}
 {{- if and (ne .Values.healthCheck "readyz") (ne .Values.readyz.credentials "none") -}}
 {{- fail (printf "readyz.credentials=%s is used only by the readyz check: set healthCheck=readyz, or readyz.credentials=none" .Values.readyz.credentials) -}}
+{{- end -}}
+{{- if and .Values.discovery.cache.enabled (not .Values.discovery.enabled) -}}
+{{- fail "discovery.cache.enabled needs discovery.enabled=true: the daemon keeps and reads the endpoint cache only with discovery on" -}}
 {{- end -}}
 {{- if eq .Values.bindPort .Values.healthPort -}}
 {{- fail (printf "bindPort and healthPort must differ: both are %v" .Values.bindPort) -}}
