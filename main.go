@@ -24,6 +24,7 @@
 //	--health-timeout        EP_HEALTH_TIMEOUT        15s         per check, and per upstream dial
 //	--enable-discovery      EP_ENABLE_DISCOVERY      true        follow the kubernetes EndpointSlice
 //	--kubeconfig            EP_KUBECONFIG            (none)      credentials for discovery outside a pod
+//	--endpoint-cache-file   EP_ENDPOINT_CACHE_FILE   (none)      keep the discovered list across restarts
 //	--log-level             EP_LOG_LEVEL             info        debug|info|warn|error|dpanic|panic|fatal
 //	--liveness-interval     EP_LIVENESS_INTERVAL     5s          heartbeat period
 //	--liveness-threshold    EP_LIVENESS_THRESHOLD    15s         heartbeat age at which /healthz fails
@@ -78,7 +79,15 @@
 // and the proxy beat every --liveness-interval; 503 once the last beat is
 // older than --liveness-threshold, when Accept has been failing that long,
 // or when discovery has exited), /readyz (200 while an upstream is healthy
-// and not draining) and /metrics (Prometheus). GET and HEAD only.
+// and not draining), /metrics (Prometheus) and /upstreams (each upstream's
+// state, JSON or text/plain). GET and HEAD only. "extractedprism status"
+// prints the /upstreams table of the daemon on this node.
+//
+// # Endpoint cache
+//
+// With --endpoint-cache-file the last discovered endpoint list is written
+// atomically whenever it changes and used at start, beside the static
+// endpoints, until discovery answers. A corrupt cache is logged and ignored.
 //
 // # Metrics
 //
