@@ -202,6 +202,9 @@ type daemon struct {
 	heartbeat *heartbeat
 	discovery *mergedProvider
 	cache     *endpointCache // nil without --endpoint-cache-file
+	// seed is the endpoint list known before anything listens: the static
+	// endpoints and the cached ones.
+	seed []string
 }
 
 func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
@@ -233,6 +236,13 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 	if cfg.EndpointCacheFile != "" && cfg.EnableDiscovery {
 		cache = &endpointCache{path: cfg.EndpointCacheFile, log: log.With("component", "cache")}
 	}
+	ps := providers(cfg, log, m, lbAddr, cache)
+	seed := slices.Clone(cfg.Endpoints)
+	for _, p := range ps {
+		if cp, ok := p.(*cacheProvider); ok {
+			seed = unionEndpoints([][]string{seed, cp.endpoints})
+		}
+	}
 	return &daemon{
 		cfg:       cfg,
 		log:       log,
@@ -240,8 +250,9 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 		pool:      pl,
 		proxy:     newProxy(log.With("component", "proxy"), m, pl, cfg.HealthTimeout, connLimit(openFilesLimit())),
 		heartbeat: newHeartbeat(cfg.LivenessThreshold),
-		discovery: newMergedProvider(log.With("component", "discovery"), m, providers(cfg, log, m, lbAddr, cache)...),
+		discovery: newMergedProvider(log.With("component", "discovery"), m, ps...),
 		cache:     cache,
+		seed:      seed,
 	}
 }
 
@@ -295,10 +306,10 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	mux := newHealthHandler(d.heartbeat.alive, d.pool.ready, d.reg)
 	mux.Handle("/upstreams", readOnly(upstreamsHandler(d.describe)))
 	srv := newHealthServer(healthLn.Addr().String(), mux, d.log)
-	// The static endpoints are known before anything listens: seed the pool
-	// with them so the first client never finds it empty. Discovery sends
-	// the same list again, which changes nothing.
-	d.pool.update(d.cfg.Endpoints)
+	// The static and cached endpoints are known before anything listens:
+	// seed the pool with them so the first client never finds it empty.
+	// Discovery sends the same list again, which changes nothing.
+	d.pool.update(d.seed)
 	updates := make(chan []string)
 	discDone := make(chan error, 1)
 	var healthErr error
