@@ -95,7 +95,9 @@
 // _connections_total, _connection_errors_total{upstream},
 // _discovery_updates_total{provider}, _discovery_errors_total{provider},
 // _health_check_status{upstream}, _hedged_dials_total,
-// _hedged_dials_won_total, _dead_connections_closed_total, and with the
+// _hedged_dials_won_total, _dead_connections_closed_total,
+// _upstream_dial_duration_seconds{upstream}, _upstream_connections{upstream},
+// _drains_in_progress, _build_info{version,revision,goversion}, and with the
 // modes that produce them _upstream_rtt_seconds, _upstream_latency_tier and
 // _upstream_ready.
 //

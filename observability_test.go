@@ -1,0 +1,519 @@
+package main
+
+// The Grafana dashboard and the alerting rules in deploy/ name metrics by
+// string. A renamed or misspelt metric gives an empty panel or an alert that
+// can never fire, and nothing complains. These tests hold every query to the
+// names newMetrics registers, without a PromQL parser: a regular expression
+// finds each extractedprism_ identifier and its selector.
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var (
+	dashboardPath = filepath.Join("deploy", "grafana", "extractedprism.json")
+	alertsPath    = filepath.Join("deploy", "prometheus", "alerts.yaml")
+)
+
+// registeredMetric is what a metric's descriptor says about it.
+type registeredMetric struct {
+	labels    []string // variable labels
+	histogram bool     // exposes _bucket, _sum and _count series
+}
+
+// descRecorder is a prometheus.Registerer that registers nothing: it asks
+// each collector to describe itself and records the fully-qualified names
+// and variable labels of the descriptors.
+type descRecorder struct {
+	metrics map[string]registeredMetric
+}
+
+func newDescRecorder() *descRecorder {
+	return &descRecorder{metrics: map[string]registeredMetric{}}
+}
+
+func (r *descRecorder) Register(c prometheus.Collector) error {
+	// A descriptor does not say the metric's type; the collector's does.
+	_, histogram := c.(*prometheus.HistogramVec)
+	if _, ok := c.(prometheus.Histogram); ok {
+		histogram = true
+	}
+	for _, d := range describe(c) {
+		name, labels, err := parseDesc(d)
+		if err != nil {
+			return err
+		}
+		if _, dup := r.metrics[name]; dup {
+			return fmt.Errorf("%s registered twice", name)
+		}
+		r.metrics[name] = registeredMetric{labels: labels, histogram: histogram}
+	}
+	return nil
+}
+
+func (r *descRecorder) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (r *descRecorder) Unregister(prometheus.Collector) bool { return false }
+
+// describe returns the descriptors c sends. Describe blocks on the channel,
+// so it runs in its own goroutine, which closes the channel when Describe
+// returns; the range below waits for that.
+func describe(c prometheus.Collector) []*prometheus.Desc {
+	ch := make(chan *prometheus.Desc)
+	go describeInto(c, ch)
+	var descs []*prometheus.Desc
+	for d := range ch {
+		descs = append(descs, d)
+	}
+	return descs
+}
+
+func describeInto(c prometheus.Collector, ch chan<- *prometheus.Desc) {
+	defer close(ch)
+	c.Describe(ch)
+}
+
+// Desc.String() reads
+// Desc{fqName: "…", help: "…", unit: "…", constLabels: {…}, variableLabels: {a,c(b)}}
+// where c(b) marks a label with a value constraint.
+var (
+	descFQName = regexp.MustCompile(`fqName: "([^"]+)"`)
+	descLabels = regexp.MustCompile(`variableLabels: \{([^}]*)\}`)
+)
+
+// parseDesc returns the fully-qualified name and variable labels of d.
+func parseDesc(d *prometheus.Desc) (string, []string, error) {
+	s := d.String()
+	name := descFQName.FindStringSubmatch(s)
+	labels := descLabels.FindStringSubmatch(s)
+	if name == nil || labels == nil {
+		return "", nil, fmt.Errorf("cannot parse descriptor %s", s)
+	}
+	var names []string
+	for l := range strings.SplitSeq(labels[1], ",") {
+		if l = strings.TrimSuffix(strings.TrimPrefix(l, "c("), ")"); l != "" {
+			names = append(names, l)
+		}
+	}
+	return name[1], names, nil
+}
+
+// registeredMetrics returns the metrics newMetrics registers, by name.
+func registeredMetrics(t *testing.T) map[string]registeredMetric {
+	t.Helper()
+	rec := newDescRecorder()
+	newMetrics(rec)
+	if len(rec.metrics) == 0 {
+		t.Fatal("newMetrics registered no metric")
+	}
+	return rec.metrics
+}
+
+// TestObservabilityRecorderSeesEveryMetric checks the recorder against a
+// real registry: every family the daemon's registry gathers is recorded,
+// and the histogram is known as one.
+func TestObservabilityRecorderSeesEveryMetric(t *testing.T) {
+	recorded := registeredMetrics(t)
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg)
+	// Vectors are gathered only once they have a child.
+	m.dialSeconds.WithLabelValues("192.0.2.1:6443").Observe(0.01)
+	m.connectionErrors.WithLabelValues("192.0.2.1:6443").Inc()
+	m.discoveryUpdates.WithLabelValues(staticProviderName).Inc()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if _, ok := recorded[f.GetName()]; !ok {
+			t.Errorf("%s is gathered but was not recorded", f.GetName())
+		}
+	}
+	if !recorded["extractedprism_upstream_dial_duration_seconds"].histogram {
+		t.Error("extractedprism_upstream_dial_duration_seconds not recorded as a histogram")
+	}
+	if got := recorded["extractedprism_health_check_status"].labels; !slices.Equal(got, []string{"upstream"}) {
+		t.Errorf("extractedprism_health_check_status labels: got %v; want [upstream]", got)
+	}
+}
+
+// metricSelector matches a metric name and the label matchers right after
+// it, if any.
+var (
+	metricSelector = regexp.MustCompile(`(extractedprism_[a-z0-9_]+)(\{[^}]*\})?`)
+	labelMatcher   = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)`)
+)
+
+// instanceFilter is the dashboard's node variable, which every dashboard
+// selector must apply so the node picker means something.
+const instanceFilter = `instance=~"$instance"`
+
+// histogramSuffixes are the series a histogram exposes under its name.
+var histogramSuffixes = []string{"_bucket", "_sum", "_count"}
+
+// checkQuery returns what is wrong with the extractedprism_ metrics that
+// expr names: unknown names, suffixes on a metric that is no histogram,
+// label matchers the metric cannot have and, with needInstance, selectors
+// without the instance filter. It also returns the metrics named, with
+// histogram suffixes removed.
+func checkQuery(expr string, registered map[string]registeredMetric, needInstance bool) (problems, used []string) {
+	for _, m := range metricSelector.FindAllStringSubmatch(expr, -1) {
+		name, selector := m[1], m[2]
+		base, suffix := name, ""
+		if _, ok := registered[name]; !ok {
+			for _, s := range histogramSuffixes {
+				if b, ok := strings.CutSuffix(name, s); ok && registered[b].histogram {
+					base, suffix = b, s
+				}
+			}
+		}
+		metric, ok := registered[base]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("%s is not a registered metric", name))
+			continue
+		}
+		used = append(used, base)
+		if metric.histogram && suffix == "" {
+			// A classic histogram has no series under its own name.
+			problems = append(problems, fmt.Sprintf("%s is a histogram: query its _bucket, _sum or _count series", name))
+		}
+		// Target labels every scrape adds, and le on histogram buckets.
+		allowed := append([]string{"instance", "job"}, metric.labels...)
+		if suffix == "_bucket" {
+			allowed = append(allowed, "le")
+		}
+		for _, lm := range labelMatcher.FindAllStringSubmatch(selector, -1) {
+			if !slices.Contains(allowed, lm[1]) {
+				problems = append(problems, fmt.Sprintf("%s has no label %s", name, lm[1]))
+			}
+		}
+		if needInstance && !strings.Contains(selector, instanceFilter) {
+			problems = append(problems, fmt.Sprintf("%s lacks the selector %s", name, instanceFilter))
+		}
+	}
+	return problems, used
+}
+
+// TestObservabilityQueryCheck shows that checkQuery, which the dashboard
+// and alert tests rely on, fails the mistakes it is there to catch.
+func TestObservabilityQueryCheck(t *testing.T) {
+	registered := registeredMetrics(t)
+	tests := []struct {
+		name, expr   string
+		needInstance bool
+		wantProblem  string // empty: no problem
+	}{
+		{"known gauge", `extractedprism_upstreams_active == 0`, false, ""},
+		{"histogram bucket", `histogram_quantile(0.9, sum by (le) (rate(extractedprism_upstream_dial_duration_seconds_bucket{le!="+Inf"}[5m])))`, false, ""},
+		{"histogram count", `rate(extractedprism_upstream_dial_duration_seconds_count[5m])`, false, ""},
+		{"misspelt name", `extractedprism_upstreams_activ == 0`, false, "extractedprism_upstreams_activ is not a registered metric"},
+		{"made-up name", `rate(extractedprism_requests_total[5m])`, false, "extractedprism_requests_total is not a registered metric"},
+		{"count of a counter", `extractedprism_connections_total_count`, false, "extractedprism_connections_total_count is not a registered metric"},
+		{"bare histogram name", `rate(extractedprism_upstream_dial_duration_seconds[5m])`, false, "extractedprism_upstream_dial_duration_seconds is a histogram: query its _bucket, _sum or _count series"},
+		{"label of another metric", `extractedprism_upstream_ready{provider="kubernetes"}`, false, "extractedprism_upstream_ready has no label provider"},
+		{"le on a sum", `extractedprism_upstream_dial_duration_seconds_sum{le="1"}`, false, "extractedprism_upstream_dial_duration_seconds_sum has no label le"},
+		{"own label", `extractedprism_discovery_errors_total{provider="kubernetes", job="x"}`, false, ""},
+		{"instance filter present", `extractedprism_connections_active{instance=~"$instance"}`, true, ""},
+		{"instance filter missing", `sum(extractedprism_connections_active)`, true, "extractedprism_connections_active lacks the selector " + instanceFilter},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			problems, _ := checkQuery(tt.expr, registered, tt.needInstance)
+			if tt.wantProblem == "" {
+				if len(problems) != 0 {
+					t.Errorf("got %q; want no problem", problems)
+				}
+				return
+			}
+			if !slices.Contains(problems, tt.wantProblem) {
+				t.Errorf("got %q; want %q among them", problems, tt.wantProblem)
+			}
+		})
+	}
+}
+
+// dashboard is the part of the Grafana dashboard model the tests read.
+type dashboard struct {
+	UID           string `json:"uid"`
+	SchemaVersion int    `json:"schemaVersion"`
+	Templating    struct {
+		List []struct {
+			Name       string          `json:"name"`
+			Type       string          `json:"type"`
+			Query      json.RawMessage `json:"query"` // a string, or {"query": "…"}
+			Datasource *datasourceRef  `json:"datasource"`
+		} `json:"list"`
+	} `json:"templating"`
+	Panels []panel `json:"panels"`
+}
+
+type panel struct {
+	ID         int            `json:"id"`
+	Type       string         `json:"type"`
+	Title      string         `json:"title"`
+	Datasource *datasourceRef `json:"datasource"`
+	GridPos    struct {
+		H, W, X, Y int
+	} `json:"gridPos"`
+	Targets []struct {
+		Datasource *datasourceRef `json:"datasource"`
+		Expr       string         `json:"expr"`
+		RefID      string         `json:"refId"`
+	} `json:"targets"`
+	Panels []panel `json:"panels"` // a row's panels
+}
+
+type datasourceRef struct {
+	Type string `json:"type"`
+	UID  string `json:"uid"`
+}
+
+// isVariableRef reports whether ref points at the dashboard's Prometheus
+// data source variable, so the dashboard imports into any Grafana.
+func (ref *datasourceRef) isVariableRef() bool {
+	return ref != nil && ref.Type == "prometheus" && (ref.UID == "${datasource}" || ref.UID == "$datasource")
+}
+
+func readDashboard(t *testing.T) dashboard {
+	t.Helper()
+	data, err := os.ReadFile(dashboardPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := json.Unmarshal(data, &d); err != nil {
+		t.Fatalf("%s: %v", dashboardPath, err)
+	}
+	return d
+}
+
+// flattenPanels returns every panel, rows' nested panels included.
+func flattenPanels(panels []panel) []panel {
+	var all []panel
+	for _, p := range panels {
+		all = append(all, p)
+		all = append(all, flattenPanels(p.Panels)...)
+	}
+	return all
+}
+
+// dashboardMustShow are the metrics the dashboard was asked for, with what
+// they show; every other registered metric must appear too (see below).
+var dashboardMustShow = map[string]string{
+	"extractedprism_health_check_status":            "upstream health",
+	"extractedprism_upstream_ready":                 "readiness",
+	"extractedprism_upstream_latency_tier":          "latency tiers",
+	"extractedprism_upstream_rtt_seconds":           "smoothed RTT",
+	"extractedprism_connections_active":             "connections",
+	"extractedprism_connections_total":              "connection rate",
+	"extractedprism_upstream_connections":           "connections by upstream",
+	"extractedprism_connection_errors_total":        "errors",
+	"extractedprism_discovery_updates_total":        "discovery updates",
+	"extractedprism_discovery_errors_total":         "discovery errors",
+	"extractedprism_upstream_dial_duration_seconds": "dial latency",
+}
+
+func TestObservabilityDashboard(t *testing.T) {
+	registered := registeredMetrics(t)
+	d := readDashboard(t)
+	if d.UID == "" || d.SchemaVersion < 36 {
+		t.Errorf("uid %q, schemaVersion %d; want a uid and schemaVersion 36 or later", d.UID, d.SchemaVersion)
+	}
+
+	used := map[string]bool{}
+	check := func(where, expr string, needInstance bool) {
+		problems, names := checkQuery(expr, registered, needInstance)
+		for _, p := range problems {
+			t.Errorf("%s: %s in %s", where, p, expr)
+		}
+		for _, n := range names {
+			used[n] = true
+		}
+	}
+
+	vars := map[string]string{} // name to type
+	for _, v := range d.Templating.List {
+		vars[v.Name] = v.Type
+		if v.Type != "query" {
+			continue
+		}
+		if !v.Datasource.isVariableRef() {
+			t.Errorf("variable %s: datasource %+v; want the ${datasource} variable", v.Name, v.Datasource)
+		}
+		var query string
+		if err := json.Unmarshal(v.Query, &query); err != nil {
+			var obj struct{ Query string }
+			if err := json.Unmarshal(v.Query, &obj); err != nil {
+				t.Fatalf("variable %s: query %s is neither a string nor an object", v.Name, v.Query)
+			}
+			query = obj.Query
+		}
+		check("variable "+v.Name, query, false)
+	}
+	if vars["datasource"] != "datasource" || vars["instance"] != "query" {
+		t.Errorf("variables %v; want datasource of type datasource and instance of type query", vars)
+	}
+
+	ids := map[int]string{}
+	for _, p := range flattenPanels(d.Panels) {
+		where := fmt.Sprintf("panel %d %q", p.ID, p.Title)
+		if p.ID <= 0 {
+			t.Errorf("%s: id must be positive", where)
+		}
+		if other, dup := ids[p.ID]; dup {
+			t.Errorf("%s: id already used by %q", where, other)
+		}
+		ids[p.ID] = p.Title
+		if p.Type == "row" {
+			continue // a row holds panels, not queries
+		}
+		if !p.Datasource.isVariableRef() {
+			t.Errorf("%s: datasource %+v; want the ${datasource} variable", where, p.Datasource)
+		}
+		if len(p.Targets) == 0 {
+			t.Errorf("%s: no query", where)
+		}
+		refIDs := map[string]bool{}
+		for _, target := range p.Targets {
+			if !target.Datasource.isVariableRef() {
+				t.Errorf("%s, query %s: datasource %+v; want the ${datasource} variable", where, target.RefID, target.Datasource)
+			}
+			if target.RefID == "" || refIDs[target.RefID] {
+				t.Errorf("%s: refId %q empty or repeated", where, target.RefID)
+			}
+			refIDs[target.RefID] = true
+			if !metricSelector.MatchString(target.Expr) {
+				t.Errorf("%s, query %s: %q names no extractedprism metric", where, target.RefID, target.Expr)
+			}
+			check(where, target.Expr, true)
+		}
+	}
+
+	for _, name := range slices.Sorted(maps.Keys(dashboardMustShow)) {
+		if _, ok := registered[name]; !ok {
+			t.Errorf("%s (%s) is not registered any more; update the dashboard and this test", name, dashboardMustShow[name])
+		} else if !used[name] {
+			t.Errorf("the dashboard does not show %s (%s)", name, dashboardMustShow[name])
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(registered)) {
+		if !used[name] {
+			t.Errorf("no dashboard query uses %s; a metric without a panel goes unseen", name)
+		}
+	}
+}
+
+// TestObservabilityDashboardLayout checks that the top-level panels fit the
+// 24-column grid and do not overlap, which Grafana would resolve by moving
+// panels around on load.
+func TestObservabilityDashboardLayout(t *testing.T) {
+	panels := readDashboard(t).Panels
+	for i, p := range panels {
+		g := p.GridPos
+		if g.W <= 0 || g.H <= 0 || g.X < 0 || g.Y < 0 || g.X+g.W > 24 {
+			t.Errorf("panel %d %q: gridPos %+v outside the 24-column grid", p.ID, p.Title, g)
+		}
+		for _, q := range panels[:i] {
+			h := q.GridPos
+			if g.X < h.X+h.W && h.X < g.X+g.W && g.Y < h.Y+h.H && h.Y < g.Y+g.H {
+				t.Errorf("panel %d %q overlaps panel %d %q", p.ID, p.Title, q.ID, q.Title)
+			}
+		}
+	}
+}
+
+// yamlBlockIndicators introduce a block scalar spanning the lines indented
+// below its key.
+var yamlBlockIndicators = []string{"|", "|-", "|+", ">", ">-", ">+"}
+
+// alertExprs returns the expr: values of the rule file text, plain,
+// quoted or block scalars. It is a line scan, not a YAML parser; the
+// deploy/test module parses the file properly. Comments are skipped.
+func alertExprs(text string) []string {
+	lines := strings.Split(text, "\n")
+	indent := func(line string) int { return len(line) - len(strings.TrimLeft(line, " ")) }
+	var exprs []string
+	for i := 0; i < len(lines); i++ {
+		key := strings.TrimPrefix(strings.TrimSpace(lines[i]), "- ")
+		value, ok := strings.CutPrefix(key, "expr:")
+		if !ok {
+			continue
+		}
+		value = strings.TrimSpace(value)
+		if !slices.Contains(yamlBlockIndicators, value) {
+			exprs = append(exprs, strings.Trim(value, `'"`))
+			continue
+		}
+		keyIndent := indent(lines[i])
+		var block []string
+		for i+1 < len(lines) && (strings.TrimSpace(lines[i+1]) == "" || indent(lines[i+1]) > keyIndent) {
+			i++
+			block = append(block, strings.TrimSpace(lines[i]))
+		}
+		exprs = append(exprs, strings.TrimSpace(strings.Join(block, "\n")))
+	}
+	return exprs
+}
+
+func TestObservabilityAlertExprScan(t *testing.T) {
+	const text = `groups:
+  - name: g
+    rules:
+      - alert: A
+        expr: extractedprism_upstreams_active == 0
+        for: 1m
+      - alert: B
+        # expr: commented_out
+        expr: |-
+          rate(extractedprism_connections_total[5m])
+            > 1
+
+        for: 5m
+      - expr: "up == 0"
+`
+	got := alertExprs(text)
+	want := []string{"extractedprism_upstreams_active == 0", "rate(extractedprism_connections_total[5m])\n> 1", "up == 0"}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %q; want %q", got, want)
+	}
+}
+
+func TestObservabilityAlerts(t *testing.T) {
+	registered := registeredMetrics(t)
+	data, err := os.ReadFile(alertsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	exprs := alertExprs(text)
+	// One expr per alert, or the scan missed one.
+	alerts := regexp.MustCompile(`(?m)^\s*-?\s*alert:`).FindAllString(text, -1)
+	if len(exprs) == 0 || len(exprs) != len(alerts) {
+		t.Fatalf("found %d exprs for %d alerts in %s", len(exprs), len(alerts), alertsPath)
+	}
+	for _, expr := range exprs {
+		if expr == "" {
+			t.Errorf("%s: empty expr", alertsPath)
+		}
+		problems, _ := checkQuery(expr, registered, false)
+		for _, p := range problems {
+			t.Errorf("%s: %s in %s", alertsPath, p, expr)
+		}
+	}
+}
