@@ -1,0 +1,1272 @@
+package main
+
+// Tests of --health-check=readyz against real HTTPS servers on 127.0.0.1:0:
+// the probe itself (status, TLS verification, credentials, deadlines, size
+// and descriptor bounds), and the pool and proxy driven by it (selection,
+// fallback, eviction of an unready upstream's connections, the
+// upstream_ready metric). Every API server here is also the proxied
+// backend: clients do TLS through the proxy and ask /whoami which one
+// answered.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// rzServerName is the name the API servers' certificates carry and the
+// probes verify, as --health-check-server-name defaults to.
+const rzServerName = "kubernetes.default.svc"
+
+// Pool timing for the real-socket pool tests: an interval fast enough to
+// keep the file short and well above scheduling noise under -race. The
+// timeout is longer than the interval (the daemon forbids that, the pool
+// does not care): no pool test has an upstream that stalls, and a short one
+// fails probes of a loaded machine at random.
+const (
+	rzInterval = 200 * time.Millisecond
+	rzTimeout  = time.Second
+)
+
+// rzCA is a test certificate authority.
+type rzCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+	pool *x509.CertPool
+}
+
+// rzLeaf is a certificate issued by an rzCA, in PEM and ready for crypto/tls.
+type rzLeaf struct {
+	certPEM, keyPEM []byte
+	pair            tls.Certificate
+}
+
+func rzSerial(t *testing.T) *big.Int {
+	t.Helper()
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func rzNewCA(t *testing.T, cn string) *rzCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          rzSerial(t),
+		Subject:               pkix.Name{CommonName: cn},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return &rzCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pool: pool}
+}
+
+func (ca *rzCA) issue(t *testing.T, tmpl *x509.Certificate) rzLeaf {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl.SerialNumber = rzSerial(t)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := rzLeaf{
+		certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		keyPEM:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+	}
+	if l.pair, err = tls.X509KeyPair(l.certPEM, l.keyPEM); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// serving issues an API server certificate for rzServerName and 127.0.0.1,
+// valid between notBefore and notAfter.
+func (ca *rzCA) serving(t *testing.T, notBefore, notAfter time.Time) rzLeaf {
+	t.Helper()
+	return ca.issue(t, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "kube-apiserver"},
+		DNSNames:    []string{rzServerName},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:   notBefore,
+		NotAfter:    notAfter,
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+}
+
+// client issues a client certificate with common name cn.
+func (ca *rzCA) client(t *testing.T, cn string) rzLeaf {
+	t.Helper()
+	return ca.issue(t, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}},
+		NotBefore:   time.Now().Add(-time.Hour),
+		NotAfter:    time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+}
+
+// rzPKI is the serving side every test needs: a CA, a valid API server
+// certificate, and the CA written to a file for --health-check-ca-file.
+type rzPKI struct {
+	ca      *rzCA
+	serving rzLeaf
+	dir     string
+	caFile  string
+}
+
+func rzNewPKI(t *testing.T) *rzPKI {
+	t.Helper()
+	ca := rzNewCA(t, "kubernetes")
+	k := &rzPKI{
+		ca:      ca,
+		serving: ca.serving(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour)),
+		dir:     t.TempDir(),
+	}
+	k.caFile = filepath.Join(k.dir, "ca.crt")
+	rzWrite(t, k.caFile, ca.pem)
+	return k
+}
+
+// probe returns a readyzProbe that trusts the test CA, without credentials.
+func (k *rzPKI) probe() *readyzProbe {
+	return &readyzProbe{caFile: k.caFile, serverName: rzServerName}
+}
+
+// rzWrite writes the concatenation of parts to path.
+func rzWrite(t *testing.T, path string, parts ...[]byte) {
+	t.Helper()
+	if err := os.WriteFile(path, bytes.Join(parts, nil), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rzStartHTTPS serves handler over HTTPS on 127.0.0.1:0 with cert; adjust,
+// if not nil, changes the TLS config (client authentication). It returns the
+// listening address.
+func rzStartHTTPS(t *testing.T, cert tls.Certificate, adjust func(*tls.Config), handler http.Handler) string {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(handler)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	if adjust != nil {
+		adjust(srv.TLS)
+	}
+	// Failed handshakes are the point of several tests; keep them out of
+	// the test output.
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+// rzAPIServer is a fake API server: /readyz answers the status the test
+// sets, /whoami answers its name, so a client through the proxy can tell
+// which upstream it reached.
+type rzAPIServer struct {
+	name   string
+	addr   string
+	status atomic.Int32 // what /readyz answers
+}
+
+func rzStartAPIServer(t *testing.T, name string, cert tls.Certificate) *rzAPIServer {
+	t.Helper()
+	s := &rzAPIServer{name: name}
+	s.status.Store(http.StatusOK)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(int(s.status.Load()))
+	})
+	mux.HandleFunc("GET /whoami", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, name)
+	})
+	s.addr = rzStartHTTPS(t, cert, nil, mux)
+	return s
+}
+
+// rzCheck runs one readyz check of addr under a deadline of timeout.
+func rzCheck(p *readyzProbe, addr string, timeout time.Duration) (checkResult, time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	start := time.Now()
+	res := p.check(ctx, addr)
+	return res, time.Since(start)
+}
+
+// rzWantReady fails the test unless res is a passed probe.
+func rzWantReady(t *testing.T, res checkResult) {
+	t.Helper()
+	if res.err != nil || !res.probed || res.notReady != nil || res.rtt <= 0 {
+		t.Fatalf("check: got err=%v probed=%v notReady=%v rtt=%v; want a passed probe with a connect time",
+			res.err, res.probed, res.notReady, res.rtt)
+	}
+}
+
+// rzWantFailedProbe fails the test unless res is a connect followed by a
+// failed probe.
+func rzWantFailedProbe(t *testing.T, res checkResult) {
+	t.Helper()
+	if res.err != nil || !res.probed || res.notReady == nil {
+		t.Fatalf("check: got err=%v probed=%v notReady=%v; want a connect and a failed probe",
+			res.err, res.probed, res.notReady)
+	}
+}
+
+func TestReadyzProbeStatus(t *testing.T) {
+	tests := []struct {
+		name      string
+		answer    http.HandlerFunc
+		wantReady bool
+	}{
+		{"200 is ready", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }, true},
+		{"500 is not ready", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusInternalServerError) }, false},
+		{"redirect to /healthz is not followed", func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, "/healthz", http.StatusFound)
+		}, false},
+	}
+	pki := rzNewPKI(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var seen atomic.Pointer[string]
+			var healthz atomic.Int32
+			mux := http.NewServeMux()
+			mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+				s := r.Method + " " + r.Host + " " + r.URL.Path
+				seen.Store(&s)
+				tt.answer(w, r)
+			})
+			mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+				healthz.Add(1)
+				w.WriteHeader(http.StatusOK)
+			})
+			addr := rzStartHTTPS(t, pki.serving.pair, nil, mux)
+
+			res, _ := rzCheck(pki.probe(), addr, 2*time.Second)
+			if tt.wantReady {
+				rzWantReady(t, res)
+			} else {
+				rzWantFailedProbe(t, res)
+				if !errors.Is(res.notReady, errNotReady) {
+					t.Errorf("notReady: got %v; want it to wrap %v", res.notReady, errNotReady)
+				}
+			}
+			want := "GET " + rzServerName + " /readyz"
+			if got := seen.Load(); got == nil || *got != want {
+				t.Errorf("request seen by the server: got %v; want %q", got, want)
+			}
+			if got := healthz.Load(); got != 0 {
+				t.Errorf("requests to /healthz: got %v; want 0", got)
+			}
+		})
+	}
+}
+
+func TestReadyzProbeVerifiesServerCertificate(t *testing.T) {
+	pki := rzNewPKI(t)
+	otherCA := rzNewCA(t, "someone else")
+	tests := []struct {
+		name       string
+		cert       rzLeaf
+		serverName string
+	}{
+		{"wrong server name", pki.serving, "other.example"},
+		{"expired certificate", pki.ca.serving(t, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour)), rzServerName},
+		{"unknown CA", otherCA.serving(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour)), rzServerName},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var hits atomic.Int32
+			addr := rzStartHTTPS(t, tt.cert.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				hits.Add(1)
+				w.WriteHeader(http.StatusOK)
+			}))
+			p := pki.probe()
+			p.serverName = tt.serverName
+			res, _ := rzCheck(p, addr, 2*time.Second)
+			rzWantFailedProbe(t, res)
+			var verr *tls.CertificateVerificationError
+			if !errors.As(res.notReady, &verr) {
+				t.Errorf("notReady: got %v; want a certificate verification error", res.notReady)
+			}
+			if got := hits.Load(); got != 0 {
+				t.Errorf("requests reaching the server: got %v; want 0", got)
+			}
+		})
+	}
+}
+
+func TestReadyzProbeBoundedByDeadline(t *testing.T) {
+	pki := rzNewPKI(t)
+	silent := startUpstream(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
+	slow := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done(): // the probe gave up and closed
+		case <-time.After(3 * time.Second):
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	const timeout = 300 * time.Millisecond
+	tests := []struct{ name, addr string }{
+		{"accepts TCP but never answers TLS", silent.addr},
+		{"slow /readyz", slow},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, elapsed := rzCheck(pki.probe(), tt.addr, timeout)
+			rzWantFailedProbe(t, res)
+			if elapsed >= time.Second {
+				t.Errorf("check took %v; want it bounded by the %v deadline (< 1s)", elapsed, timeout)
+			}
+		})
+	}
+}
+
+// rzCountingConn counts the bytes read from the connection it wraps.
+type rzCountingConn struct {
+	net.Conn
+	read atomic.Int64
+}
+
+func (c *rzCountingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+// rzEndlessHeader answers any request with a header line that never ends,
+// until the client goes away or 5 s pass.
+func rzEndlessHeader(cert tls.Certificate) func(net.Conn) {
+	return func(c net.Conn) {
+		tc := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}})
+		_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := http.ReadRequest(bufio.NewReader(tc)); err != nil {
+			return
+		}
+		if _, err := io.WriteString(tc, "HTTP/1.1 200 OK\r\nX-Filler: "); err != nil {
+			return
+		}
+		filler := bytes.Repeat([]byte("a"), 16<<10)
+		for {
+			if _, err := tc.Write(filler); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func TestReadyzProbeBoundsResponseSize(t *testing.T) {
+	pki := rzNewPKI(t)
+	endless := startUpstream(t, rzEndlessHeader(pki.serving.pair))
+	hugeHeader := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("X-Filler", strings.Repeat("a", 1<<20))
+		w.WriteHeader(http.StatusOK)
+	}))
+	hugeBody := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(8<<20))
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(make([]byte, 8<<20))
+	}))
+	endlessBody := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK) // chunked: no length
+		buf := make([]byte, 16<<10)
+		for sent := 0; sent < 64<<20 && r.Context().Err() == nil; sent += len(buf) {
+			if _, err := w.Write(buf); err != nil {
+				return
+			}
+		}
+	}))
+	tests := []struct {
+		name     string
+		addr     string
+		mustFail bool // the status line and headers do not fit in the limit
+	}{
+		{"endless header", endless.addr, true},
+		{"1 MiB header", hugeHeader, true},
+		{"8 MiB body", hugeBody, false},
+		{"endless chunked body", endlessBody, false},
+	}
+	// What the probe may read off the socket: the response limit, plus the
+	// handshake and what crypto/tls reads ahead (at most a record or two).
+	const maxRead = 2 * maxReadyzResponse
+	const timeout = time.Second
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// probe, not check, so the test can count what it reads off
+			// the socket; check is probe on a fresh connection.
+			raw, err := net.DialTimeout("tcp", tt.addr, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := &rzCountingConn{Conn: raw}
+			defer closeAbortive(raw)
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			start := time.Now()
+			err = pki.probe().probe(ctx, c)
+			elapsed := time.Since(start)
+			if tt.mustFail && err == nil {
+				t.Errorf("probe: got nil error; want a failure, the headers exceed %d bytes", maxReadyzResponse)
+			}
+			if got := c.read.Load(); got > maxRead {
+				t.Errorf("bytes read by the probe: got %d; want at most %d", got, maxRead)
+			}
+			if elapsed >= timeout {
+				t.Errorf("probe took %v; want less than its %v deadline", elapsed, timeout)
+			}
+		})
+	}
+}
+
+func TestReadyzProbeRefused(t *testing.T) {
+	pki := rzNewPKI(t)
+	res, _ := rzCheck(pki.probe(), deadAddr(t), time.Second)
+	if res.err == nil || res.probed || res.notReady != nil {
+		t.Errorf("check of a closed port: got err=%v probed=%v notReady=%v; want a TCP error and no probe",
+			res.err, res.probed, res.notReady)
+	}
+}
+
+func TestReadyzProbeClientCertificate(t *testing.T) {
+	pki := rzNewPKI(t)
+	clientCA := rzNewCA(t, "kubernetes-client")
+	strangerCA := rzNewCA(t, "stranger")
+	var hits atomic.Int32
+	var seenCN atomic.Pointer[string]
+	addr := rzStartHTTPS(t, pki.serving.pair, func(c *tls.Config) {
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+		c.ClientCAs = clientCA.pool
+	}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		cn := r.TLS.PeerCertificates[0].Subject.CommonName
+		seenCN.Store(&cn)
+		w.WriteHeader(http.StatusOK)
+	}))
+	// probeAs runs one check with p and, when it passes, returns the
+	// client certificate name the server saw.
+	probeAs := func(t *testing.T, p *readyzProbe, wantPass bool) string {
+		t.Helper()
+		before := hits.Load()
+		res, _ := rzCheck(p, addr, 2*time.Second)
+		if !wantPass {
+			rzWantFailedProbe(t, res)
+			if got := hits.Load() - before; got != 0 {
+				t.Errorf("requests reaching the server: got %v; want 0", got)
+			}
+			return ""
+		}
+		rzWantReady(t, res)
+		return *seenCN.Load()
+	}
+
+	t.Run("no certificate", func(t *testing.T) {
+		probeAs(t, pki.probe(), false)
+	})
+	t.Run("separate files", func(t *testing.T) {
+		leaf := clientCA.client(t, "system:node:separate")
+		p := pki.probe()
+		p.certFile, p.keyFile = filepath.Join(pki.dir, "sep.crt"), filepath.Join(pki.dir, "sep.key")
+		rzWrite(t, p.certFile, leaf.certPEM)
+		rzWrite(t, p.keyFile, leaf.keyPEM)
+		if got, want := probeAs(t, p, true), "system:node:separate"; got != want {
+			t.Errorf("client certificate seen: got %q; want %q", got, want)
+		}
+	})
+	t.Run("one file", func(t *testing.T) {
+		leaf := clientCA.client(t, "system:node:combined")
+		p := pki.probe()
+		p.certFile = filepath.Join(pki.dir, "combined.pem")
+		p.keyFile = p.certFile
+		rzWrite(t, p.certFile, leaf.certPEM, leaf.keyPEM)
+		if got, want := probeAs(t, p, true), "system:node:combined"; got != want {
+			t.Errorf("client certificate seen: got %q; want %q", got, want)
+		}
+	})
+	t.Run("rotation", func(t *testing.T) {
+		// One probe value for the whole sequence, as the daemon keeps one
+		// for its lifetime: every change below must be picked up from the
+		// file without a restart.
+		p := pki.probe()
+		p.certFile = filepath.Join(pki.dir, "rotating.pem")
+		p.keyFile = p.certFile
+		probeAs(t, p, false) // the kubelet has not written it yet
+
+		first := clientCA.client(t, "system:node:first")
+		rzWrite(t, p.certFile, first.certPEM, first.keyPEM)
+		if got, want := probeAs(t, p, true), "system:node:first"; got != want {
+			t.Errorf("after the file appeared: got %q; want %q", got, want)
+		}
+		second := clientCA.client(t, "system:node:second")
+		rzWrite(t, p.certFile, second.keyPEM, second.certPEM) // key first: order must not matter
+		if got, want := probeAs(t, p, true), "system:node:second"; got != want {
+			t.Errorf("after rotation: got %q; want %q", got, want)
+		}
+		stranger := strangerCA.client(t, "system:node:second")
+		rzWrite(t, p.certFile, stranger.certPEM, stranger.keyPEM)
+		probeAs(t, p, false)
+	})
+}
+
+func TestReadyzProbeBearerToken(t *testing.T) {
+	pki := rzNewPKI(t)
+	var want atomic.Pointer[string]
+	var seen atomic.Pointer[string]
+	var hits atomic.Int32
+	setWant := func(tok string) { want.Store(&tok) }
+	setWant("token-one")
+	addr := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		auth := r.Header.Get("Authorization")
+		seen.Store(&auth)
+		if auth != "Bearer "+*want.Load() {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	p := pki.probe()
+	p.tokenFile = filepath.Join(pki.dir, "token")
+	check := func() checkResult {
+		res, _ := rzCheck(p, addr, 2*time.Second)
+		return res
+	}
+	seenAuth := func() string {
+		if s := seen.Load(); s != nil {
+			return *s
+		}
+		return ""
+	}
+
+	rzWantFailedProbe(t, check()) // no token file yet
+	if got := hits.Load(); got != 0 {
+		t.Errorf("requests sent without a token file: got %v; want 0", got)
+	}
+
+	rzWrite(t, p.tokenFile, []byte("token-one\n"))
+	rzWantReady(t, check())
+	if got, want := seenAuth(), "Bearer token-one"; got != want {
+		t.Errorf("Authorization: got %q; want %q", got, want)
+	}
+
+	setWant("token-two") // the old token is revoked before the file changes
+	res := check()
+	rzWantFailedProbe(t, res)
+	if !errors.Is(res.notReady, errNotReady) {
+		t.Errorf("probe with a revoked token: got %v; want it to wrap %v", res.notReady, errNotReady)
+	}
+
+	rzWrite(t, p.tokenFile, []byte("token-two"))
+	rzWantReady(t, check())
+	if got, want := seenAuth(), "Bearer token-two"; got != want {
+		t.Errorf("Authorization after rotation: got %q; want %q", got, want)
+	}
+
+	if err := os.Remove(p.tokenFile); err != nil {
+		t.Fatal(err)
+	}
+	before := hits.Load()
+	rzWantFailedProbe(t, check())
+	if got := hits.Load() - before; got != 0 {
+		t.Errorf("requests sent after the token file vanished: got %v; want 0", got)
+	}
+}
+
+// rzOpenFDs counts this process's open descriptors.
+func rzOpenFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("no /proc/self/fd: %v", err)
+	}
+	return len(ents)
+}
+
+// rzSettle polls cond for up to d and reports whether it came to hold.
+func rzSettle(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+func TestReadyzProbeLeaksNothing(t *testing.T) {
+	pki := rzNewPKI(t)
+	ready := rzStartAPIServer(t, "ready", pki.serving.pair)
+	unready := rzStartAPIServer(t, "unready", pki.serving.pair)
+	unready.status.Store(http.StatusInternalServerError)
+	wrongName := pki.probe()
+	wrongName.serverName = "other.example"
+	refused := deadAddr(t)
+
+	kinds := []struct {
+		name  string
+		probe *readyzProbe
+		addr  string
+		// outcome classifies a result as this kind's expected one.
+		outcome func(checkResult) bool
+	}{
+		{"200", pki.probe(), ready.addr, func(r checkResult) bool { return r.probed && r.notReady == nil }},
+		{"500", pki.probe(), unready.addr, func(r checkResult) bool { return errors.Is(r.notReady, errNotReady) }},
+		{"TLS error", wrongName, ready.addr, func(r checkResult) bool {
+			var verr *tls.CertificateVerificationError
+			return errors.As(r.notReady, &verr)
+		}},
+		{"refused", pki.probe(), refused, func(r checkResult) bool { return r.err != nil && !r.probed }},
+	}
+	// A leaked socket is closed by its finalizer once the GC runs, which
+	// would hide the leak; keep the GC off until the count is taken.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	// Warm up, so lazily started goroutines and descriptors of the
+	// runtime and the servers are in the baseline.
+	for _, k := range kinds {
+		rzCheck(k.probe, k.addr, 2*time.Second)
+	}
+	fdsBefore := rzOpenFDs(t)
+	goroutinesBefore := runtime.NumGoroutine()
+
+	const probes = 300
+	unexpected := 0
+	for i := range probes {
+		k := kinds[i%len(kinds)]
+		if res, _ := rzCheck(k.probe, k.addr, 2*time.Second); !k.outcome(res) {
+			unexpected++
+			if unexpected <= 3 {
+				t.Errorf("probe %d (%s): got err=%v probed=%v notReady=%v; want the %s outcome",
+					i, k.name, res.err, res.probed, res.notReady, k.name)
+			}
+		}
+	}
+	const tolerance = 5
+	var fds, goroutines int
+	rzSettle(3*time.Second, func() bool {
+		fds, goroutines = rzOpenFDs(t), runtime.NumGoroutine()
+		return fds <= fdsBefore+tolerance && goroutines <= goroutinesBefore+tolerance
+	})
+	if fds > fdsBefore+tolerance {
+		t.Errorf("open descriptors after %d probes: got %d; want at most %d (%d before)", probes, fds, fdsBefore+tolerance, fdsBefore)
+	}
+	if goroutines > goroutinesBefore+tolerance {
+		t.Errorf("goroutines after %d probes: got %d; want at most %d (%d before)", probes, goroutines, goroutinesBefore+tolerance, goroutinesBefore)
+	}
+}
+
+// rzStartProxy is startProxyDial with a pool that runs check and cfg as
+// given: readyz tests need their own check function and readyz: true.
+func rzStartProxy(t *testing.T, cfg poolConfig, check checkFunc, wrap func(dialFunc) dialFunc, endpoints ...string) *testProxy {
+	t.Helper()
+	log := slog.New(slog.DiscardHandler)
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg)
+	pl := newPool(log, m, cfg, check, randomSelector{})
+	px := newProxy(log, m, pl, 2*time.Second, 4096)
+	if wrap != nil {
+		px.dial = wrap(px.dial)
+	}
+	pl.update(endpoints)
+	ln, err := listenTCP(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { px.serve(ctx, ln) })
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		if err := px.shutdown(5 * time.Second); err != nil {
+			t.Error(err)
+		}
+		pl.close()
+	})
+	return &testProxy{proxy: px, addr: ln.Addr().String(), reg: reg, m: m}
+}
+
+// rzReadyGauge returns upstream_ready{upstream=addr} as the registry exports
+// it, and whether that series exists. It gathers instead of calling
+// WithLabelValues, which would create the series it is asked about.
+func rzReadyGauge(t *testing.T, px *testProxy, addr string) (float64, bool) {
+	t.Helper()
+	mfs, err := px.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != metricNamespace+"_upstream_ready" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "upstream" && lp.GetValue() == addr {
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+	}
+	return 0, false
+}
+
+// rzWaitReady waits until the pool exports upstream_ready{addr} == want.
+func rzWaitReady(t *testing.T, px *testProxy, addr string, want float64) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("upstream_ready{%s} == %v", addr, want), func() bool {
+		v, ok := rzReadyGauge(t, px, addr)
+		return ok && v == want
+	})
+}
+
+// rzClient returns an HTTPS client that opens a new connection through the
+// proxy for every request and verifies the API server behind it.
+func rzClient(t *testing.T, proxyAddr string, roots *x509.CertPool) *http.Client {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", proxyAddr)
+		},
+		TLSClientConfig:   &tls.Config{RootCAs: roots, ServerName: rzServerName},
+		DisableKeepAlives: true,
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 5 * time.Second}
+}
+
+func rzWhoami(c *http.Client) (string, error) {
+	resp, err := c.Get("https://" + rzServerName + "/whoami")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("whoami: status %d", resp.StatusCode)
+	}
+	return string(body), nil
+}
+
+// rzSpread makes n connections through the proxy and counts which API
+// server answered each.
+func rzSpread(t *testing.T, c *http.Client, n int) map[string]int {
+	t.Helper()
+	got := map[string]int{}
+	for range n {
+		who, err := rzWhoami(c)
+		if err != nil {
+			t.Fatalf("request through the proxy: %v", err)
+		}
+		got[who]++
+	}
+	return got
+}
+
+// rzHeld is one client connection through the proxy carrying HTTP/1.1 over
+// TLS, kept open between requests like a kubelet's watch connection.
+type rzHeld struct {
+	tc *tls.Conn
+	br *bufio.Reader
+}
+
+func rzHold(t *testing.T, proxyAddr string, roots *x509.CertPool) *rzHeld {
+	t.Helper()
+	tc := tls.Client(dialProxy(t, proxyAddr), &tls.Config{RootCAs: roots, ServerName: rzServerName})
+	_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		t.Fatalf("TLS through the proxy: %v", err)
+	}
+	return &rzHeld{tc: tc, br: bufio.NewReader(tc)}
+}
+
+// whoami asks over the held connection which API server it reaches.
+func (h *rzHeld) whoami() (string, error) {
+	_ = h.tc.SetDeadline(time.Now().Add(5 * time.Second))
+	req, err := http.NewRequest(http.MethodGet, "https://"+rzServerName+"/whoami", nil)
+	if err != nil {
+		return "", err
+	}
+	if err := req.Write(h.tc); err != nil {
+		return "", err
+	}
+	resp, err := http.ReadResponse(h.br, req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.Close {
+		return "", errors.New("server closes the connection after the answer")
+	}
+	return string(body), nil
+}
+
+// closed reports whether the connection has been closed under the client:
+// a read fails with something other than its short deadline. The API
+// server sends nothing unasked, so a read that returns is the close.
+func (h *rzHeld) closed() bool {
+	_ = h.tc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+	_, err := h.br.Peek(1)
+	return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// closedBy polls until the connection is closed or until passes, and
+// returns when it found it closed.
+func (h *rzHeld) closedBy(until time.Time) (time.Time, bool) {
+	for {
+		if h.closed() {
+			return time.Now(), true
+		}
+		if time.Now().After(until) {
+			return time.Time{}, false
+		}
+	}
+}
+
+// rzProbeLog wraps a check and records the outcome of every probe per
+// address, so a test can tell how many probes a change of state took and
+// when the first of them ended.
+type rzProbeLog struct {
+	check checkFunc
+	mu    sync.Mutex
+	runs  map[string][]rzRun
+}
+
+type rzRun struct {
+	passed bool
+	end    time.Time
+}
+
+func rzNewProbeLog(check checkFunc) *rzProbeLog {
+	return &rzProbeLog{check: check, runs: map[string][]rzRun{}}
+}
+
+func (l *rzProbeLog) run(ctx context.Context, addr string) checkResult {
+	res := l.check(ctx, addr)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.runs[addr] = append(l.runs[addr], rzRun{passed: res.err == nil && res.notReady == nil, end: time.Now()})
+	return res
+}
+
+// trailing returns how many of addr's latest probes in a row passed (passed
+// true) or failed (passed false), and when the first of them ended.
+func (l *rzProbeLog) trailing(addr string, passed bool) (n int, firstEnd time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	runs := l.runs[addr]
+	for i := len(runs) - 1; i >= 0 && runs[i].passed == passed; i-- {
+		n, firstEnd = n+1, runs[i].end
+	}
+	return n, firstEnd
+}
+
+// rzRig is two API servers, A and B, behind a readyz proxy, with one
+// connection held on each.
+type rzRig struct {
+	pki    *rzPKI
+	probes *rzProbeLog
+	px     *testProxy
+	a, b   *rzAPIServer
+	onA    *rzHeld
+	onB    *rzHeld
+}
+
+// rzStartRig lists A alone until its first probe has passed, holds a
+// connection to it, then lists A and B and holds a connection to B once B
+// is ready too.
+func rzStartRig(t *testing.T, cfg poolConfig) *rzRig {
+	t.Helper()
+	r := &rzRig{pki: rzNewPKI(t)}
+	r.probes = rzNewProbeLog(r.pki.probe().check)
+	r.a = rzStartAPIServer(t, "A", r.pki.serving.pair)
+	r.b = rzStartAPIServer(t, "B", r.pki.serving.pair)
+	r.px = rzStartProxy(t, cfg, r.probes.run, nil, r.a.addr)
+	rzWaitReady(t, r.px, r.a.addr, 1)
+	r.onA = rzHold(t, r.px.addr, r.pki.ca.pool)
+	if who, err := r.onA.whoami(); err != nil || who != "A" {
+		t.Fatalf("first held connection: answered by %q (err %v); want A", who, err)
+	}
+	r.px.pool.update([]string{r.a.addr, r.b.addr})
+	rzWaitReady(t, r.px, r.b.addr, 1)
+	for range 50 {
+		h := rzHold(t, r.px.addr, r.pki.ca.pool)
+		who, err := h.whoami()
+		if err != nil {
+			t.Fatalf("request through the proxy: %v", err)
+		}
+		if who == "B" {
+			r.onB = h
+			break
+		}
+		_ = h.tc.Close()
+	}
+	if r.onB == nil {
+		t.Fatal("50 new connections with A and B ready: none reached B")
+	}
+	return r
+}
+
+// unreadyA switches A's /readyz to 500 and returns once the pool reports A
+// not ready. seen is when the test saw that, after the fact; failing is
+// when A's first failed probe ended, before it. Bounds of what the pool
+// does must be measured from the side that keeps them valid on a loaded
+// machine: "not before" from failing, "by then" from seen.
+func (r *rzRig) unreadyA(t *testing.T) (failing, seen time.Time) {
+	t.Helper()
+	r.a.status.Store(http.StatusInternalServerError)
+	rzWaitReady(t, r.px, r.a.addr, 0)
+	seen = time.Now()
+	_, failing = r.probes.trailing(r.a.addr, false)
+	return failing, seen
+}
+
+// rzWantAlive fails the test unless h still reaches the API server named who.
+func rzWantAlive(t *testing.T, h *rzHeld, what, who string) {
+	t.Helper()
+	if got, err := h.whoami(); err != nil || got != who {
+		t.Errorf("%s: answered by %q (err %v); want %s", what, got, err, who)
+	}
+}
+
+func TestReadyzSelectionFollowsReadiness(t *testing.T) {
+	pki := rzNewPKI(t)
+	a := rzStartAPIServer(t, "A", pki.serving.pair)
+	b := rzStartAPIServer(t, "B", pki.serving.pair)
+	probes := rzNewProbeLog(pki.probe().check)
+	px := rzStartProxy(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: time.Second, readyz: true},
+		probes.run, nil, a.addr, b.addr)
+	rzWaitReady(t, px, a.addr, 1)
+	rzWaitReady(t, px, b.addr, 1)
+	client := rzClient(t, px.addr, pki.ca.pool)
+	const n = 20
+
+	if got := rzSpread(t, client, n); got["A"] == 0 || got["B"] == 0 {
+		t.Errorf("connections with A and B ready: got %v; want both to get some", got)
+	}
+
+	a.status.Store(http.StatusInternalServerError)
+	rzWaitReady(t, px, a.addr, 0)
+	if got, _ := probes.trailing(a.addr, false); got < failThreshold {
+		t.Errorf("failed probes in a row before A turned not ready: got %v; want %v", got, failThreshold)
+	}
+	if got := rzSpread(t, client, n); got["B"] != n {
+		t.Errorf("connections with A not ready: got %v; want all %d on B", got, n)
+	}
+
+	a.status.Store(http.StatusOK)
+	rzWaitReady(t, px, a.addr, 1)
+	if got, _ := probes.trailing(a.addr, true); got != 1 {
+		t.Errorf("passed probes before A turned ready again: got %v; want 1", got)
+	}
+	if got := rzSpread(t, client, n); got["A"] == 0 {
+		t.Errorf("connections with A ready again: got %v; want A to get some", got)
+	}
+}
+
+func TestReadyzFallbackToTCPHealthy(t *testing.T) {
+	pki := rzNewPKI(t)
+	a := rzStartAPIServer(t, "A", pki.serving.pair)
+	b := rzStartAPIServer(t, "B", pki.serving.pair)
+	a.status.Store(http.StatusInternalServerError)
+	b.status.Store(http.StatusInternalServerError)
+	px := rzStartProxy(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: time.Second, readyz: true},
+		pki.probe().check, nil, a.addr, b.addr)
+	rzWaitReady(t, px, a.addr, 0)
+	rzWaitReady(t, px, b.addr, 0)
+
+	// Both must be picked at random: the last resort alone would also
+	// connect, but always to the same upstream.
+	if got := rzSpread(t, rzClient(t, px.addr, pki.ca.pool), 20); got["A"] == 0 || got["B"] == 0 {
+		t.Errorf("connections with no upstream ready: got %v; want both TCP-healthy upstreams to get some", got)
+	}
+	if !px.pool.ready() {
+		t.Error("pool.ready() with both upstreams TCP-healthy and none ready: got false; want true")
+	}
+	if got := testutil.ToFloat64(px.m.upstreamsActive); got != 2 {
+		t.Errorf("upstreams_active: got %v; want 2", got)
+	}
+	for _, addr := range []string{a.addr, b.addr} {
+		if got := testutil.ToFloat64(px.m.healthStatus.WithLabelValues(addr)); got != 1 {
+			t.Errorf("health_check_status{%s}: got %v; want 1", addr, got)
+		}
+	}
+}
+
+func TestReadyzUnreadyConnectionsClosedAfterDrainTimeout(t *testing.T) {
+	const drain = time.Second
+	r := rzStartRig(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true})
+	failing, seen := r.unreadyA(t)
+
+	if at, ok := r.onA.closedBy(failing.Add(drain / 2)); ok {
+		t.Fatalf("connection to A closed %v after A's first failed probe; want it open for the drain timeout (%v)",
+			at.Sub(failing), drain)
+	}
+	rzWantAlive(t, r.onA, "connection to A halfway through the drain timeout", "A")
+	at, ok := r.onA.closedBy(seen.Add(drain + 2*rzInterval + 300*time.Millisecond))
+	if !ok {
+		t.Fatalf("connection to A still open %v after A turned not ready; want it closed after the drain timeout (%v)",
+			time.Since(seen), drain)
+	}
+	// A turns not ready after its first failed probe, and the drain
+	// timeout runs from then.
+	if d := at.Sub(failing); d < drain {
+		t.Errorf("connection to A closed %v after A's first failed probe; want at least the drain timeout (%v)", d, drain)
+	}
+	rzWantAlive(t, r.onB, "connection to B after A's were closed", "B")
+	if got := rzSpread(t, rzClient(t, r.px.addr, r.pki.ca.pool), 10); got["B"] != 10 {
+		t.Errorf("reconnections: got %v; want all on B", got)
+	}
+}
+
+func TestReadyzClosingCalledOffWhenReadyAgain(t *testing.T) {
+	const drain = time.Second
+	r := rzStartRig(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true})
+	_, notReady := r.unreadyA(t)
+	r.a.status.Store(http.StatusOK)
+	rzWaitReady(t, r.px, r.a.addr, 1)
+	if d := time.Since(notReady); d > drain-200*time.Millisecond {
+		t.Fatalf("A took %v to turn ready again; the test needs that well before the drain timeout (%v)", d, drain)
+	}
+	if at, ok := r.onA.closedBy(notReady.Add(drain + 2*rzInterval + 300*time.Millisecond)); ok {
+		t.Fatalf("connection to A closed %v after A turned not ready, although A turned ready again before the drain timeout",
+			at.Sub(notReady))
+	}
+	rzWantAlive(t, r.onA, "connection to A past the drain timeout", "A")
+}
+
+func TestReadyzClosingCalledOffWhenNoOtherReady(t *testing.T) {
+	const drain = time.Second
+	r := rzStartRig(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true})
+	_, notReady := r.unreadyA(t)
+	r.b.status.Store(http.StatusInternalServerError)
+	rzWaitReady(t, r.px, r.b.addr, 0)
+	if d := time.Since(notReady); d > drain-200*time.Millisecond {
+		t.Fatalf("B took until %v after A to turn not ready; the test needs that well before the drain timeout (%v)", d, drain)
+	}
+	if at, ok := r.onA.closedBy(notReady.Add(drain + 2*rzInterval + 300*time.Millisecond)); ok {
+		t.Fatalf("connection to A closed %v after A turned not ready, although no other upstream was ready at the drain timeout",
+			at.Sub(notReady))
+	}
+	rzWantAlive(t, r.onA, "connection to A past the drain timeout", "A")
+	rzWantAlive(t, r.onB, "connection to B with no upstream ready", "B")
+	if _, err := rzWhoami(rzClient(t, r.px.addr, r.pki.ca.pool)); err != nil {
+		t.Errorf("new connection with no upstream ready: %v", err)
+	}
+}
+
+func TestReadyzDrainZeroClosesAtOnce(t *testing.T) {
+	// A longer interval than the other tests, so closing at once is told
+	// apart from closing at the next probe.
+	const interval = 500 * time.Millisecond
+	r := rzStartRig(t, poolConfig{interval: interval, timeout: rzTimeout, drainTimeout: 0, readyz: true})
+	_, notReady := r.unreadyA(t)
+	if _, ok := r.onA.closedBy(notReady.Add(250 * time.Millisecond)); !ok {
+		t.Fatalf("connection to A still open %v after A turned not ready with drain timeout 0; want it closed at once",
+			time.Since(notReady))
+	}
+	rzWantAlive(t, r.onB, "connection to B", "B")
+}
+
+// rzEvicted reports whether the closing of addr's connections has fired
+// (and has not been called off since). No metric shows it; the test needs
+// it to know that what it connects next comes after the closing.
+func rzEvicted(px *testProxy, addr string) bool {
+	px.pool.mu.Lock()
+	defer px.pool.mu.Unlock()
+	u, ok := px.pool.upstreams[addr]
+	return ok && u.evicted
+}
+
+// A connection that reaches an unready upstream after its connections were
+// closed is one of its connections too: while another upstream is ready it
+// must be closed as well, after the drain timeout, or the client stays on
+// the unready API server for the whole outage, which is what the closing is
+// for. A client gets there through the last resort when its dial to the
+// ready upstream fails, or with a dial that was in flight when the closing
+// fired.
+func TestReadyzConnectionReachingUnreadyUpstreamLaterIsClosed(t *testing.T) {
+	pki := rzNewPKI(t)
+	a := rzStartAPIServer(t, "A", pki.serving.pair)
+	b := rzStartAPIServer(t, "B", pki.serving.pair)
+	var failB atomic.Bool // fail the next client dial to B, once
+	wrap := func(next dialFunc) dialFunc {
+		return func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr == b.addr && failB.CompareAndSwap(true, false) {
+				return nil, errors.New("test: dial to B refused once")
+			}
+			return next(ctx, network, addr)
+		}
+	}
+	const drain = 500 * time.Millisecond
+	px := rzStartProxy(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true},
+		pki.probe().check, wrap, a.addr, b.addr)
+	rzWaitReady(t, px, a.addr, 1)
+	rzWaitReady(t, px, b.addr, 1)
+	a.status.Store(http.StatusInternalServerError)
+	rzWaitReady(t, px, a.addr, 0)
+	waitFor(t, "the closing of A's connections to fire", func() bool { return rzEvicted(px, a.addr) })
+
+	failB.Store(true)
+	h := rzHold(t, px.addr, pki.ca.pool)
+	connected := time.Now()
+	if who, err := h.whoami(); err != nil || who != "A" {
+		t.Fatalf("connection whose dial to B failed: answered by %q (err %v); want A, the last resort", who, err)
+	}
+	if v, _ := rzReadyGauge(t, px, b.addr); v != 1 {
+		t.Fatalf("upstream_ready{B} after one failed client dial: got %v; want 1", v)
+	}
+	if v, _ := rzReadyGauge(t, px, a.addr); v != 0 {
+		t.Fatalf("upstream_ready{A}: got %v; want 0", v)
+	}
+	if _, ok := h.closedBy(connected.Add(drain + 2*rzInterval + 300*time.Millisecond)); !ok {
+		t.Errorf("connection to unready A, with B ready: still open %v after it was made; want it closed after the drain timeout (%v)",
+			time.Since(connected), drain)
+	}
+}
+
+func TestReadyzMetricOnlyAfterFirstProbe(t *testing.T) {
+	t.Run("readyz", func(t *testing.T) {
+		pki := rzNewPKI(t)
+		entered := make(chan struct{}, 1)
+		release := make(chan struct{})
+		addr := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			case <-time.After(10 * time.Second):
+			}
+			w.WriteHeader(http.StatusOK)
+		}))
+		px := rzStartProxy(t, poolConfig{interval: time.Minute, timeout: 5 * time.Second, drainTimeout: time.Second, readyz: true},
+			pki.probe().check, nil, addr)
+		var once sync.Once
+		t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the proxy's cleanup
+		select {
+		case <-entered:
+		case <-time.After(5 * time.Second):
+			t.Fatal("first probe never reached /readyz")
+		}
+		if v, ok := rzReadyGauge(t, px, addr); ok {
+			t.Errorf("upstream_ready while the first probe runs: got series with %v; want no series", v)
+		}
+		once.Do(func() { close(release) })
+		rzWaitReady(t, px, addr, 1)
+	})
+	t.Run("readyz, unreachable", func(t *testing.T) {
+		pki := rzNewPKI(t)
+		dead := deadAddr(t)
+		px := rzStartProxy(t, poolConfig{interval: 100 * time.Millisecond, timeout: 100 * time.Millisecond, drainTimeout: time.Second, readyz: true},
+			pki.probe().check, nil, dead)
+		waitFor(t, "two failed checks", func() bool {
+			return testutil.ToFloat64(px.m.healthStatus.WithLabelValues(dead)) == 0
+		})
+		if v, ok := rzReadyGauge(t, px, dead); ok {
+			t.Errorf("upstream_ready of an upstream never probed: got series with %v; want no series", v)
+		}
+	})
+	t.Run("tcp", func(t *testing.T) {
+		up := startUpstream(t, echo)
+		px := startProxy(t, poolConfig{interval: 100 * time.Millisecond, timeout: 100 * time.Millisecond}, up.addr)
+		waitFor(t, "two health checks", func() bool { return up.acceptedCount() >= 2 })
+		if n := testutil.CollectAndCount(px.m.upstreamReady); n != 0 {
+			t.Errorf("upstream_ready series in tcp mode: got %d; want 0", n)
+		}
+	})
+}
+
+// pool.close stops the probe goroutines; the daemon calls it on shutdown.
+// A /readyz that does not answer must not hold that up until the probe's
+// deadline (--health-timeout, 15 s by default): a TCP check stops at once
+// when cancelled, and so must the request of a readyz check.
+func TestReadyzPoolCloseInterruptsStalledProbe(t *testing.T) {
+	pki := rzNewPKI(t)
+	entered := make(chan struct{}, 1)
+	addr := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	const timeout = 3 * time.Second
+	pl := newPool(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()),
+		poolConfig{interval: time.Minute, timeout: timeout, drainTimeout: time.Second, readyz: true},
+		pki.probe().check, randomSelector{})
+	pl.update([]string{addr})
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		pl.close()
+		t.Fatal("first probe never reached /readyz")
+	}
+	start := time.Now()
+	pl.close()
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("pool.close with a probe waiting on /readyz took %v; want under 1s (probe deadline %v)", d, timeout)
+	}
+}
