@@ -124,7 +124,7 @@ func newHoleBench(tb testing.TB, mech mechanisms) *holeBench {
 func (hb *holeBench) close() {
 	hb.cancel()
 	hb.wg.Wait()
-	_ = hb.px.shutdown(5 * time.Second)
+	_ = hb.px.shutdown()
 	hb.px.pool.close()
 }
 
@@ -171,7 +171,7 @@ func watchClose(conns []net.Conn, start, deadline time.Time) []time.Duration {
 }
 
 func asNetErr(err error, target *net.Error) bool {
-	ne, ok := err.(net.Error) //nolint:errorlint // read errors are not wrapped
+	ne, ok := err.(net.Error)
 	if ok {
 		*target = ne
 	}

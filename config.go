@@ -14,6 +14,14 @@ import (
 	"time"
 )
 
+// The values of --upstream-selection and --health-check.
+const (
+	selectRandom  = "random"
+	selectLatency = "latency"
+	checkTCP      = "tcp"
+	checkReadyz   = "readyz"
+)
+
 // config is the validated daemon configuration. parseConfig builds it from
 // flags and EP_* variables; nothing else writes it.
 type config struct {
@@ -114,8 +122,8 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.DurationVar(&cfg.LivenessInterval, "liveness-interval", 5*time.Second, "Heartbeat probe interval for liveness detection")
 	fs.DurationVar(&cfg.LivenessThreshold, "liveness-threshold", 15*time.Second, "Maximum time since last heartbeat before liveness fails")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 30*time.Second, "Grace period for connections to removed endpoints, and with readyz to unready ones while another upstream is ready, before force close (0 closes immediately)")
-	fs.StringVar(&cfg.UpstreamSelection, "upstream-selection", "random", "How new connections pick an upstream: random or latency")
-	fs.StringVar(&cfg.HealthCheck, "health-check", "tcp", "Upstream health check: tcp (connect only) or readyz (connect, then prefer upstreams answering 200 on GET /readyz)")
+	fs.StringVar(&cfg.UpstreamSelection, "upstream-selection", selectRandom, "How new connections pick an upstream: random or latency")
+	fs.StringVar(&cfg.HealthCheck, "health-check", checkTCP, "Upstream health check: tcp (connect only) or readyz (connect, then prefer upstreams answering 200 on GET /readyz)")
 	fs.StringVar(&cfg.HealthCheckCAFile, "health-check-ca-file", "", "CA bundle that verifies the upstream serving certificates; required with readyz")
 	fs.StringVar(&cfg.HealthCheckCertFile, "health-check-cert-file", "", "Client certificate for the readyz probe")
 	fs.StringVar(&cfg.HealthCheckKeyFile, "health-check-key-file", "", "Client key for the readyz probe; may be the same file as the certificate")
@@ -230,7 +238,7 @@ func (l *endpointList) Set(s string) error {
 // validate checks every rule of the configuration and replaces Endpoints
 // with their normalized form. It reports all violations, one line each,
 // naming the flag and its variable and saying what is allowed.
-func (c *config) validate() error {
+func (c *config) validate() error { //nolint:cyclop,gocognit // every cross-field rule in one place, as STYLE.md asks
 	var errs []error
 	if !validHost(c.BindAddress) {
 		errs = append(errs, flagError("bind-address", "must be an IP address or RFC 1123 hostname: got %q", c.BindAddress))
@@ -278,13 +286,13 @@ func (c *config) validate() error {
 	if c.DrainTimeout < 0 {
 		errs = append(errs, flagError("drain-timeout", "must not be negative: got %v", c.DrainTimeout))
 	}
-	if c.UpstreamSelection != "random" && c.UpstreamSelection != "latency" {
+	if c.UpstreamSelection != selectRandom && c.UpstreamSelection != selectLatency {
 		errs = append(errs, flagError("upstream-selection", "must be random or latency: got %q", c.UpstreamSelection))
 	}
-	if c.HealthCheck != "tcp" && c.HealthCheck != "readyz" {
+	if c.HealthCheck != checkTCP && c.HealthCheck != checkReadyz {
 		errs = append(errs, flagError("health-check", "must be tcp or readyz: got %q", c.HealthCheck))
 	}
-	if c.HealthCheck == "readyz" && c.HealthCheckCAFile == "" {
+	if c.HealthCheck == checkReadyz && c.HealthCheckCAFile == "" {
 		errs = append(errs, flagError("health-check-ca-file", "is required with %s set to readyz", flagRef("health-check")))
 	}
 	if (c.HealthCheckCertFile == "") != (c.HealthCheckKeyFile == "") {
@@ -410,7 +418,8 @@ func validLabel(label string) bool {
 		return false
 	}
 	for _, r := range label {
-		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-') {
+		letter := 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z'
+		if !letter && (r < '0' || r > '9') && r != '-' {
 			return false
 		}
 	}
@@ -506,6 +515,7 @@ func nameLevel(groups []string, a slog.Attr) slog.Attr {
 		a.Value = slog.StringValue("PANIC")
 	case levelFatal:
 		a.Value = slog.StringValue("FATAL")
+	default: // slog's own levels print as they are
 	}
 	return a
 }

@@ -259,7 +259,7 @@ func TestValidationRules(t *testing.T) {
 // starts with a flag and its variable.
 func assertEveryLineNamesAFlag(t *testing.T, err error) {
 	t.Helper()
-	for _, line := range strings.Split(err.Error(), "\n") {
+	for line := range strings.SplitSeq(err.Error(), "\n") {
 		if !strings.HasPrefix(line, "--") || !strings.Contains(line, " (EP_") {
 			t.Errorf("error line %q: got no flag and variable; want both", line)
 		}
@@ -558,7 +558,7 @@ func TestParseLogLevel(t *testing.T) {
 			}
 		})
 	}
-	if !(slog.LevelError < levelDPanic && levelDPanic < levelPanic && levelPanic < levelFatal) {
+	if slog.LevelError >= levelDPanic || levelDPanic >= levelPanic || levelPanic >= levelFatal {
 		t.Errorf("order: got %v, %v, %v; want each above the last and above %v", levelDPanic, levelPanic, levelFatal, slog.LevelError)
 	}
 }

@@ -532,7 +532,7 @@ func (w *kubeWatcher) run(ctx context.Context, out chan<- []string) error {
 	for {
 		res := w.watchOnce(ctx, out, rewatch)
 		if ctx.Err() != nil {
-			return nil
+			return nil //nolint:nilerr // cancellation is shutdown, not a provider failure
 		}
 		switch res.end {
 		case endError:
@@ -830,7 +830,7 @@ func (c *endpointCache) store(endpoints []string) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write endpoint cache: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), c.path); err != nil {
+	if err := os.Rename(tmp.Name(), c.path); err != nil { //nolint:gosec // the operator names this file
 		return fmt.Errorf("replace endpoint cache: %w", err)
 	}
 	return syncDir(dir)
@@ -838,7 +838,7 @@ func (c *endpointCache) store(endpoints []string) error {
 
 // syncDir makes a rename in dir durable.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
+	d, err := os.Open(dir) //nolint:gosec // the directory of the operator-named cache file
 	if err != nil {
 		return fmt.Errorf("sync endpoint cache directory: %w", err)
 	}

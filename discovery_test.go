@@ -30,10 +30,8 @@ func testLogger(t *testing.T) *slog.Logger {
 
 // --- EndpointSlice builders ---
 
-func ptrTo[T any](v T) *T { return &v }
-
 func httpsPort(port int32) discoveryv1.EndpointPort {
-	return discoveryv1.EndpointPort{Name: ptrTo("https"), Port: ptrTo(port)}
+	return discoveryv1.EndpointPort{Name: new("https"), Port: new(port)}
 }
 
 func endpoint(ready *bool, addrs ...string) discoveryv1.Endpoint {
@@ -88,8 +86,8 @@ func TestEndpointsOf(t *testing.T) {
 			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
 				s := kubeSlice("a", "1")
 				s.Endpoints = []discoveryv1.Endpoint{
-					endpoint(ptrTo(false), "10.0.0.1"),
-					endpoint(ptrTo(true), "10.0.0.2"),
+					endpoint(new(false), "10.0.0.1"),
+					endpoint(new(true), "10.0.0.2"),
 				}
 				return s
 			}()},
@@ -138,7 +136,7 @@ func TestEndpointsOf(t *testing.T) {
 			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
 				s := kubeSlice("a", "1", "10.0.0.1")
 				s.Ports = []discoveryv1.EndpointPort{
-					{Name: ptrTo("metrics"), Port: ptrTo(int32(9000))},
+					{Name: new("metrics"), Port: new(int32(9000))},
 					httpsPort(6443),
 				}
 				return s
@@ -149,7 +147,7 @@ func TestEndpointsOf(t *testing.T) {
 			name: "a single unnamed port is used",
 			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
 				s := kubeSlice("a", "1", "10.0.0.1")
-				s.Ports = []discoveryv1.EndpointPort{{Port: ptrTo(int32(443))}}
+				s.Ports = []discoveryv1.EndpointPort{{Port: new(int32(443))}}
 				return s
 			}()},
 			want: []string{"10.0.0.1:443"},
@@ -161,8 +159,8 @@ func TestEndpointsOf(t *testing.T) {
 				func() *discoveryv1.EndpointSlice {
 					s := kubeSlice("b", "1", "10.0.0.2")
 					s.Ports = []discoveryv1.EndpointPort{
-						{Name: ptrTo("http"), Port: ptrTo(int32(80))},
-						{Name: ptrTo("metrics"), Port: ptrTo(int32(9000))},
+						{Name: new("http"), Port: new(int32(80))},
+						{Name: new("metrics"), Port: new(int32(9000))},
 					}
 					return s
 				}(),
@@ -433,7 +431,7 @@ func statusEvent(code int32, reason metav1.StatusReason) *metav1.Status {
 var (
 	goneEvent  = statusEvent(http.StatusGone, metav1.StatusReasonExpired)
 	errorEvent = statusEvent(http.StatusInternalServerError, metav1.StatusReasonInternalError)
-	goneErr    = apierrors.NewGone("too old resource version")
+	errGone    = apierrors.NewGone("too old resource version") //nolint:staticcheck // servers still send reason Gone; the provider handles it and Expired
 )
 
 func TestKubeBackoffSteps(t *testing.T) {
@@ -589,7 +587,7 @@ func TestKubeReconnectRules(t *testing.T) {
 				case callError:
 					ended = h.failWatch(errUnavailable).at
 				case callGone:
-					ended = h.failWatch(goneErr).at
+					ended = h.failWatch(errGone).at
 				default:
 					fw, c := h.openWatch()
 					time.Sleep(tc.hold)
@@ -600,6 +598,8 @@ func TestKubeReconnectRules(t *testing.T) {
 						fw.Error(errorEvent)
 					case goneAfter:
 						fw.Error(goneEvent)
+					default:
+						t.Fatalf("unknown outcome %v", tc.outcome)
 					}
 					ended = c.at.Add(tc.hold)
 				}
@@ -763,7 +763,7 @@ func TestKubeWatchEvents(t *testing.T) {
 		h.expectOut("10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443")
 
 		b := kubeSlice("b", "3")
-		b.Endpoints = []discoveryv1.Endpoint{endpoint(ptrTo(false), "10.0.0.3"), endpoint(nil, "10.0.0.4")}
+		b.Endpoints = []discoveryv1.Endpoint{endpoint(new(false), "10.0.0.3"), endpoint(nil, "10.0.0.4")}
 		fw.Modify(b)
 		h.expectOut("10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.4:6443")
 
@@ -874,7 +874,7 @@ func (h *mergedHarness) errorsOf(name string) float64 {
 }
 
 func equalLists(a, b [][]string) bool {
-	return slices.EqualFunc(a, b, func(x, y []string) bool { return slices.Equal(x, y) })
+	return slices.EqualFunc(a, b, slices.Equal[[]string])
 }
 
 func TestStaticProvider(t *testing.T) {

@@ -172,7 +172,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	healthAddr := net.JoinHostPort(cfg.HealthBindAddress, strconv.Itoa(cfg.HealthPort))
-	healthLn, err := net.Listen("tcp", healthAddr)
+	var lc net.ListenConfig
+	healthLn, err := lc.Listen(ctx, "tcp", healthAddr)
 	if err != nil {
 		_ = lbLn.Close()
 		return fmt.Errorf("listen on %s: %w", healthAddr, err)
@@ -185,7 +186,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // unreadable: unlike a credential, which may appear later, the CA is needed
 // from the first probe. Probes still re-read it, so it can rotate.
 func checkReadyzCA(cfg *config) error {
-	if cfg.HealthCheck != "readyz" {
+	if cfg.HealthCheck != checkReadyz {
 		return nil
 	}
 	if _, err := (&readyzProbe{caFile: cfg.HealthCheckCAFile}).tlsConfig(); err != nil {
@@ -213,11 +214,11 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
 	var sel selector = randomSelector{}
-	if cfg.UpstreamSelection == "latency" {
+	if cfg.UpstreamSelection == selectLatency {
 		sel = newLatencySelector(m)
 	}
 	check := tcpCheck
-	if cfg.HealthCheck == "readyz" {
+	if cfg.HealthCheck == checkReadyz {
 		check = (&readyzProbe{
 			caFile:     cfg.HealthCheckCAFile,
 			certFile:   cfg.HealthCheckCertFile,
@@ -232,7 +233,7 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 		drainTimeout: cfg.DrainTimeout,
 		quickRecheck: quickRecheck,
 		sweep:        true,
-		readyz:       cfg.HealthCheck == "readyz",
+		readyz:       cfg.HealthCheck == checkReadyz,
 	}, check, sel)
 	var cache *endpointCache
 	if cfg.EndpointCacheFile != "" && cfg.EnableDiscovery {
@@ -311,7 +312,7 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	// The static and cached endpoints are known before anything listens:
 	// seed the pool with them so the first client never finds it empty.
 	// Discovery sends the same list again, which changes nothing.
-	d.pool.update(d.seed)
+	d.pool.update(d.seed) //nolint:contextcheck // probes live as long as the pool, which run closes
 	updates := make(chan []string)
 	discDone := make(chan error, 1)
 	var healthErr error
@@ -326,7 +327,7 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 
 	d.loop(ctx, updates, discDone, toCache)
 
-	err := d.proxy.shutdown(shutdownTimeout)
+	err := d.proxy.shutdown()
 	d.pool.close()
 	wg.Wait()
 	d.log.Info("stopped")
@@ -348,7 +349,7 @@ func (d *daemon) loop(ctx context.Context, updates <-chan []string, discDone <-c
 			d.logSummary()
 		case eps := <-updates:
 			d.log.Info("endpoint list updated", "endpoints", eps)
-			d.pool.update(eps)
+			d.pool.update(eps) //nolint:contextcheck // probes live as long as the pool, which run closes
 			if d.cache != nil {
 				offerLatest(toCache, d.discovered())
 			}

@@ -309,7 +309,7 @@ type attempt struct {
 // running connect touches it; the dial goroutines report on results.
 type connDial struct {
 	p            *proxy
-	ctx          context.Context // cancelled once a dial won, or on shutdown
+	ctx          context.Context //nolint:containedctx // the dials of one connection share it: cancelled once one won, or on shutdown
 	cancel       context.CancelFunc
 	results      chan attempt
 	tried        []*upstream
@@ -442,9 +442,10 @@ func (p *proxy) dialUpstream(ctx context.Context, addr string) (net.Conn, error)
 	return c, nil
 }
 
-// shutdown force-closes every proxied connection and waits up to timeout for
-// the connection goroutines. serve must have returned.
-func (p *proxy) shutdown(timeout time.Duration) error {
+// shutdown force-closes every proxied connection and waits up to
+// shutdownTimeout for the connection goroutines. serve must have returned.
+func (p *proxy) shutdown() error {
+	const timeout = shutdownTimeout
 	p.pool.closeConns()
 	done := make(chan struct{})
 	go func() { p.wg.Wait(); close(done) }()
@@ -460,21 +461,23 @@ func (p *proxy) shutdown(timeout time.Duration) error {
 // the first error either direction met.
 func pipe(client, upstream net.Conn) error {
 	errc := make(chan error, 1)
-	go copyHalf(upstream, client, errc)
-	err := copyHalf(client, upstream, nil)
+	go copyHalfInto(errc, upstream, client)
+	err := copyHalf(client, upstream)
 	return cmp.Or(err, <-errc)
+}
+
+// copyHalfInto is the goroutine that copies client to upstream; pipe waits
+// for its result on errc.
+func copyHalfInto(errc chan<- error, dst, src net.Conn) {
+	errc <- copyHalf(dst, src)
 }
 
 // copyHalf copies src to dst. A clean end of src is passed on as a
 // half-close of dst; an error tears down both sockets so the other direction
 // ends too. io.Copy between two *net.TCPConn uses splice(2): the bytes never
-// enter user space, which is why neither side is wrapped in anything. The
-// error goes to errc when it is not nil, and is returned too.
-func copyHalf(dst, src net.Conn, errc chan<- error) (err error) {
-	if errc != nil {
-		defer func() { errc <- err }()
-	}
-	if _, err = io.Copy(dst, src); err != nil {
+// enter user space, which is why neither side is wrapped in anything.
+func copyHalf(dst, src net.Conn) error {
+	if _, err := io.Copy(dst, src); err != nil {
 		_ = dst.Close()
 		_ = src.Close()
 		return err

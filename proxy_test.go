@@ -156,7 +156,7 @@ func startProxyDial(t *testing.T, cfg poolConfig, wrap func(dialFunc) dialFunc, 
 	t.Cleanup(func() {
 		cancel()
 		wg.Wait()
-		if err := px.shutdown(5 * time.Second); err != nil {
+		if err := px.shutdown(); err != nil {
 			t.Error(err)
 		}
 		pl.close()

@@ -336,8 +336,7 @@ func TestReadyzProbeVerifiesServerCertificate(t *testing.T) {
 			p.serverName = tt.serverName
 			res, _ := rzCheck(p, addr, 2*time.Second)
 			rzWantFailedProbe(t, res)
-			var verr *tls.CertificateVerificationError
-			if !errors.As(res.notReady, &verr) {
+			if _, ok := errors.AsType[*tls.CertificateVerificationError](res.notReady); !ok {
 				t.Errorf("notReady: got %v; want a certificate verification error", res.notReady)
 			}
 			if got := hits.Load(); got != 0 {
@@ -728,7 +727,7 @@ func rzStartProxy(t *testing.T, cfg poolConfig, check checkFunc, wrap func(dialF
 	t.Cleanup(func() {
 		cancel()
 		wg.Wait()
-		if err := px.shutdown(5 * time.Second); err != nil {
+		if err := px.shutdown(); err != nil {
 			t.Error(err)
 		}
 		pl.close()

@@ -118,7 +118,7 @@ func pickRandom(candidates, tried []*upstream) *upstream {
 	if n == 0 {
 		return nil
 	}
-	k := rand.IntN(n)
+	k := rand.IntN(n) //nolint:gosec // load spreading needs no unpredictability
 	for _, u := range candidates {
 		if slices.Contains(tried, u) {
 			continue

@@ -104,7 +104,7 @@ type pool struct {
 	check checkFunc // one health check; see probe.go
 	sel   selector
 
-	ctx    context.Context // parent of the probe and drain goroutines
+	ctx    context.Context //nolint:containedctx // the pool's own lifetime, parent of its probe and drain goroutines; close cancels it
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // probe and drain goroutines
 
