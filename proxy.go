@@ -40,6 +40,7 @@ const (
 	fdReserve = 256
 
 	localRetryDelay  = 10 * time.Millisecond
+	acceptProbe      = 10 * time.Millisecond
 	acceptBackoffMin = 5 * time.Millisecond
 	acceptBackoffMax = time.Second
 )
@@ -194,16 +195,24 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
+			if backoff != 0 && isTimeout(err) {
+				// Accept waited instead of failing: it works again,
+				// even though no client has arrived to prove it.
+				backoff = p.acceptRecovered(ln)
+				continue
+			}
 			backoff = p.acceptFailed(err, backoff)
 			if !sleepCtx(ctx, backoff) {
 				return
 			}
+			// accept4 fails with EMFILE even with no client waiting, as
+			// it takes a descriptor first; a short deadline on the next
+			// try tells "works, nobody waiting" from "still exhausted".
+			setAcceptDeadline(ln, time.Now().Add(acceptProbe))
 			continue
 		}
 		if backoff != 0 {
-			backoff = 0
-			p.stalledSince.Store(0)
-			p.log.Info("accepting connections again")
+			backoff = p.acceptRecovered(ln)
 		}
 		p.wg.Go(func() {
 			defer func() { <-p.slots }()
@@ -221,6 +230,27 @@ func (p *proxy) acceptFailed(err error, backoff time.Duration) time.Duration {
 		return acceptBackoffMin
 	}
 	return min(2*backoff, acceptBackoffMax)
+}
+
+// acceptRecovered ends an episode of failing Accepts and returns the reset
+// backoff.
+func (p *proxy) acceptRecovered(ln net.Listener) time.Duration {
+	setAcceptDeadline(ln, time.Time{})
+	p.stalledSince.Store(0)
+	p.log.Info("accepting connections again")
+	return 0
+}
+
+// setAcceptDeadline sets the deadline of Accept on listeners that have one.
+func setAcceptDeadline(ln net.Listener, t time.Time) {
+	if dl, ok := ln.(interface{ SetDeadline(t time.Time) error }); ok {
+		_ = dl.SetDeadline(t)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // acceptStalledFor reports how long Accept has been failing (0 if it works).
