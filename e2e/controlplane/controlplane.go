@@ -95,7 +95,7 @@ func EtcdArgs(bin string, c EtcdConfig) []string {
 		"--initial-cluster-state", state,
 		"--initial-cluster-token", c.ClusterToken,
 		"--unsafe-no-fsync",
-		"--log-level", "warn",
+		"--log-level", "info",
 	}
 }
 
@@ -119,7 +119,10 @@ type APIServerConfig struct {
 	// as it would after a long disconnection in a big cluster. With the
 	// watch cache the API server would answer it from memory.
 	NoEndpointSliceWatchCache bool
-	ExtraArgs                 []string
+	// EndpointReconciler is "lease" (the default) or "none". The lease
+	// reconciler refuses a loopback advertise address.
+	EndpointReconciler string
+	ExtraArgs          []string
 }
 
 // ServiceIPRange is the service range; its first address is pki.ServiceIP.
@@ -131,6 +134,10 @@ const ServiceIPRange = "10.96.0.0/16"
 // and the lease endpoint reconciler, which keeps the default/kubernetes
 // EndpointSlice listing every live API server without a controller manager.
 func APIServerArgs(bin string, c APIServerConfig) []string {
+	reconciler := c.EndpointReconciler
+	if reconciler == "" {
+		reconciler = "lease"
+	}
 	args := []string{
 		bin,
 		"--advertise-address", c.Address,
@@ -146,7 +153,7 @@ func APIServerArgs(bin string, c APIServerConfig) []string {
 		"--service-account-issuer", "https://" + pki.ServiceName + ".cluster.local",
 		"--service-account-key-file", c.Certs.SA.Cert,
 		"--service-account-signing-key-file", c.Certs.SA.Key,
-		"--endpoint-reconciler-type", "lease",
+		"--endpoint-reconciler-type", reconciler,
 		"--cert-dir", c.CertDir,
 		"--profiling=false",
 		"--shutdown-delay-duration", c.ShutdownDelay.String(),

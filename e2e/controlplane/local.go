@@ -117,7 +117,10 @@ func StartLocal(ctx context.Context, o LocalOptions) (*Local, error) {
 		EtcdServers: []string{clientURL},
 		Certs:       Certs{CA: ca.CertFile(), Serving: serving, SA: sa},
 		CertDir:     filepath.Join(o.Dir, "apiserver-certs"),
-		ExtraArgs:   o.ExtraAPIServerArgs,
+		// The kubernetes Service gets no endpoints: nothing here needs
+		// them, and the lease reconciler rejects 127.0.0.1.
+		EndpointReconciler: "none",
+		ExtraArgs:          o.ExtraAPIServerArgs,
 	}), nil)
 	if err != nil {
 		return nil, err

@@ -93,8 +93,8 @@ type cpNode struct {
 	node    *netns.Node
 	etcd    *proc.Process
 	api     *proc.Process
-	apiArgs []string
 	serving pki.Pair
+	direct  kubernetes.Interface // see DirectClient
 }
 
 // ClusterOptions configure StartCluster.
@@ -368,25 +368,31 @@ func (c *Cluster) RESTConfig(host, serverName string) *rest.Config {
 }
 
 // DirectClient returns an admin client for the first control-plane node
-// whose API server process is running, bypassing extractedprism.
+// whose API server process is running, bypassing extractedprism. Clients
+// are kept per node, so polling does not pile up idle connections in w1.
 func (c *Cluster) DirectClient() (kubernetes.Interface, error) {
 	c.mu.Lock()
-	var host string
+	defer c.mu.Unlock()
 	for _, name := range CPNames {
-		if cp := c.cps[name]; cp != nil && cp.api != nil {
-			if exited, _ := cp.api.Exited(); !exited {
-				host = APIAddr(name)
-				break
-			}
+		cp := c.cps[name]
+		if cp == nil || cp.api == nil {
+			continue
 		}
+		if exited, _ := cp.api.Exited(); exited {
+			continue
+		}
+		if cp.direct == nil {
+			cfg := c.RESTConfig(APIAddr(name), "")
+			cfg.Timeout = 10 * time.Second
+			cs, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return nil, err
+			}
+			cp.direct = cs
+		}
+		return cp.direct, nil
 	}
-	c.mu.Unlock()
-	if host == "" {
-		return nil, errors.New("no API server is running")
-	}
-	cfg := c.RESTConfig(host, "")
-	cfg.Timeout = 10 * time.Second
-	return kubernetes.NewForConfig(cfg)
+	return nil, errors.New("no API server is running")
 }
 
 // BlackHole takes a node's link down (or back up).
@@ -469,6 +475,9 @@ func (c *Cluster) Restore(ctx context.Context) error {
 		errs = append(errs, c.RemoveCP4())
 	}
 	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := c.WaitEtcdSettled(ctx); err != nil {
 		return err
 	}
 	if err := c.WaitAPIServers(ctx, CPNames); err != nil {

@@ -64,3 +64,69 @@ func (c *Cluster) EtcdCompact(ctx context.Context, node string, rev int64) error
 		"physical": true,
 	}, nil)
 }
+
+// EtcdStatus is what a member reports about itself.
+type EtcdStatus struct {
+	Member       string
+	Leader       string // "" or "0" while the member knows no leader
+	AppliedIndex int64
+}
+
+// EtcdMemberStatus asks one member for its status.
+func (c *Cluster) EtcdMemberStatus(ctx context.Context, node string) (EtcdStatus, error) {
+	var out struct {
+		Header struct {
+			MemberID string `json:"member_id"`
+		} `json:"header"`
+		Leader           string `json:"leader"`
+		RaftAppliedIndex string `json:"raftAppliedIndex"`
+	}
+	if err := c.etcdPost(ctx, node, "/v3/maintenance/status", map[string]any{}, &out); err != nil {
+		return EtcdStatus{}, err
+	}
+	applied, _ := strconv.ParseInt(out.RaftAppliedIndex, 10, 64)
+	return EtcdStatus{Member: out.Header.MemberID, Leader: out.Leader, AppliedIndex: applied}, nil
+}
+
+// WaitEtcdSettled waits until every member of cp1-cp3 answers, all agree
+// on one leader, and their applied indexes are within 50 of each other: a
+// member that just rejoined has caught up. A fault injected before that can
+// take the majority down with it (an election between a member still
+// catching up and one that is not), which is not what a scenario is about.
+func (c *Cluster) WaitEtcdSettled(ctx context.Context) error {
+	var last string
+	for {
+		settled := true
+		leader := ""
+		var lo, hi int64 = -1, -1
+		for _, n := range CPNames {
+			sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			st, err := c.EtcdMemberStatus(sctx, n)
+			cancel()
+			if err != nil || st.Leader == "" || st.Leader == "0" {
+				settled, last = false, fmt.Sprintf("%s: leader %q, %v", n, st.Leader, err)
+				break
+			}
+			if leader != "" && st.Leader != leader {
+				settled, last = false, fmt.Sprintf("%s sees leader %s, another member %s", n, st.Leader, leader)
+				break
+			}
+			leader = st.Leader
+			if lo < 0 || st.AppliedIndex < lo {
+				lo = st.AppliedIndex
+			}
+			hi = max(hi, st.AppliedIndex)
+		}
+		if settled && hi-lo <= 50 {
+			return nil
+		}
+		if settled {
+			last = fmt.Sprintf("applied indexes %d..%d", lo, hi)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for etcd to settle: %w (last: %s)", ctx.Err(), last)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}

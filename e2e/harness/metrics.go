@@ -106,12 +106,13 @@ func (ss Samples) Value(name string, labels ...string) float64 {
 	return v
 }
 
-// LabelValues lists the values of label key across the series of name.
-func (ss Samples) LabelValues(name, key string) []string {
+// SeriesFor lists the names of the metrics that have a series labelled
+// upstream=addr.
+func (ss Samples) SeriesFor(addr string) []string {
 	var out []string
 	for _, s := range ss {
-		if s.Name == name {
-			out = append(out, s.Labels[key])
+		if s.Labels["upstream"] == addr {
+			out = append(out, s.Name)
 		}
 	}
 	return out
@@ -126,11 +127,16 @@ func (s Sample) match(labels []string) bool {
 	return true
 }
 
-// upstreamConns lists the established TCP connections from w1 to port 6443
-// of any address, read from /proc/<pid>/net/tcp: that file shows the
-// network namespace of the process, so the daemon's pid gives w1's table
-// from outside it. The key is the local port.
+// upstreamConns lists the daemon's established TCP connections to port
+// 6443 of any address, keyed by local port. /proc/<pid>/net/tcp shows the
+// whole network namespace of the process (w1's table, read from outside
+// it), so rows are kept only if their socket inode is one of the daemon's
+// open descriptors: the harness's own clients in w1 do not count.
 func upstreamConns(pid int) (map[int]string, error) {
+	own, err := socketInodes(pid)
+	if err != nil {
+		return nil, err
+	}
 	f, err := os.Open(fmt.Sprintf("/proc/%d/net/tcp", pid))
 	if err != nil {
 		return nil, err
@@ -141,7 +147,7 @@ func upstreamConns(pid int) (map[int]string, error) {
 	s.Scan() // header
 	for s.Scan() {
 		fields := strings.Fields(s.Text())
-		if len(fields) < 4 || fields[3] != "01" { // 01 = ESTABLISHED
+		if len(fields) < 10 || fields[3] != "01" || !own[fields[9]] { // 01 = ESTABLISHED
 			continue
 		}
 		_, lport, ok1 := hexAddr(fields[1])
@@ -152,6 +158,26 @@ func upstreamConns(pid int) (map[int]string, error) {
 		out[lport] = rip + ":" + strconv.Itoa(rport)
 	}
 	return out, s.Err()
+}
+
+// socketInodes returns the inodes of the sockets a process has open.
+func socketInodes(pid int) (map[string]bool, error) {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, e := range entries {
+		link, err := os.Readlink(dir + "/" + e.Name())
+		if err != nil {
+			continue // closed meanwhile
+		}
+		if inode, ok := strings.CutPrefix(link, "socket:["); ok {
+			out[strings.TrimSuffix(inode, "]")] = true
+		}
+	}
+	return out, nil
 }
 
 // hexAddr decodes "0100007F:1D1D" (little-endian IPv4 on x86 and arm64).

@@ -106,7 +106,7 @@ func (w *Workload) Measure(fault, lateAfter, end time.Time) Measure {
 	for _, wt := range w.watchers {
 		ws := WatchStats{ID: wt.ID, Upstream: wt.Upstream}
 		wt.mu.Lock()
-		ws.Reconnects, ws.Relists = wt.reconnects, wt.relists-1 // the first list is not a relist
+		ws.Reconnects, ws.Relists = wt.reconnects, max(wt.relists-1, 0) // the first list is not a relist
 		for _, wr := range ok {
 			seen, got := wt.seen[wr.Name]
 			if !got {

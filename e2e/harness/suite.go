@@ -3,11 +3,14 @@ package harness
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/extractedprism/extractedprism/e2e/controlplane"
 	"github.com/extractedprism/extractedprism/e2e/netns"
@@ -62,6 +65,10 @@ func NewSuite(ctx context.Context, o SuiteOptions) (*Suite, error) {
 	if err != nil {
 		return nil, err
 	}
+	// client-go logs every watch it cancels ("context canceled") through
+	// klog on stderr; the harness reports what it needs itself.
+	klog.SetOutput(io.Discard)
+	klog.LogToStderr(false)
 	s := &Suite{started: time.Now()}
 	binary := o.Binary
 	if binary == "" {

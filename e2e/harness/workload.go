@@ -257,27 +257,35 @@ func (w *Workload) StartWatcher(ctx context.Context, id int) (*Watcher, error) {
 	return wt, nil
 }
 
-// newConn returns the remote address of the one connection present now,
-// and still 200 ms later, that was not in before; "" if not exactly one.
+// newConn returns the remote address of the one connection that is in
+// newConnsSince(pid, before); "" unless there is exactly one.
 func newConn(pid int, before map[int]string) string {
+	conns := newConnsSince(pid, before)
+	if len(conns) != 1 {
+		return ""
+	}
+	for _, remote := range conns {
+		return remote
+	}
+	return ""
+}
+
+// newConnsSince returns the established connections to an API server,
+// keyed by local port, that are not in before and that are there now and
+// still 200 ms later: health probes come and go in between.
+func newConnsSince(pid int, before map[int]string) map[int]string {
 	time.Sleep(100 * time.Millisecond)
 	a, _ := upstreamConns(pid)
 	time.Sleep(200 * time.Millisecond)
 	b, _ := upstreamConns(pid)
-	found := ""
+	out := map[int]string{}
 	for port, remote := range a {
-		if _, old := before[port]; old {
+		if _, old := before[port]; old || b[port] != remote {
 			continue
 		}
-		if b[port] != remote {
-			continue
-		}
-		if found != "" {
-			return ""
-		}
-		found = remote
+		out[port] = remote
 	}
-	return found
+	return out
 }
 
 // run lists, then watches from the listed resource version, re-watching
@@ -385,14 +393,6 @@ func (wt *Watcher) StreamEnds() []time.Time {
 	return append([]time.Time(nil), wt.ends...)
 }
 
-// Seen reports when the watcher first saw the named object.
-func (wt *Watcher) Seen(name string) (time.Time, bool) {
-	wt.mu.Lock()
-	defer wt.mu.Unlock()
-	t, ok := wt.seen[name]
-	return t, ok
-}
-
 func sleepCtx(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -404,18 +404,6 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 
 // Watchers returns the workload's watchers.
 func (w *Workload) Watchers() []*Watcher { return w.watchers }
-
-// LastWrite returns the newest successful write, if any.
-func (w *Workload) LastWrite() (WriteResult, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i := len(w.writes) - 1; i >= 0; i-- {
-		if w.writes[i].Err == "" {
-			return w.writes[i], true
-		}
-	}
-	return WriteResult{}, false
-}
 
 // Stop stops the short requests and the writer, gives the watchers two
 // seconds to receive the last writes, then stops them.

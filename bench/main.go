@@ -1,0 +1,459 @@
+// Command bench compares extractedprism with HAProxy and nginx (stream) as
+// TCP load balancers in front of the same three local upstreams, and with a
+// direct connection to the upstreams (no proxy).
+//
+// The upstreams (echo and bulk generator) and the load generator run in
+// this process, which bench/run.sh pins to CPU 0; every proxy runs under
+// `taskset -c 1`. Each scenario repeats the systems interleaved (A, B, C,
+// A, B, C, ...) with a fresh proxy process per run, and reports medians.
+// All traffic stays on 127.0.0.1, and every loop is bounded in count and
+// time. Use bench/run.sh, which builds the binaries and installs the peers;
+// see its usage for the flags.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+type config struct {
+	quick       bool
+	reps        int
+	slowReps    int           // repetitions of the idle, failover and footprint scenarios
+	dur         time.Duration // connection-rate and request/response runs
+	bulkBytes   int64         // per stream
+	idleConns   int
+	settle      time.Duration // after the idle connections close, before RSS is read
+	failDur     time.Duration
+	failKillAt  time.Duration
+	out         string
+	epBin       string
+	epStripped  string
+	command     string
+	proxyCPU    string
+	scenarios   string
+	systems     []string
+	waitQuiet   time.Duration
+	quietLoad   float64
+	maxTime     time.Duration
+	straceBytes int64
+	keepTmp     bool
+	alt         map[string]string
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	if err := run(cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (*config, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	c := &config{}
+	fs.BoolVar(&c.quick, "quick", false, "smoke run: 1 repetition, short runs, 512 MiB bulk, 2,000 idle connections")
+	fs.IntVar(&c.reps, "reps", 5, "repetitions of the connection-rate and request/response scenarios")
+	fs.IntVar(&c.slowReps, "slow-reps", 3, "repetitions of the bulk, idle, footprint and failover scenarios")
+	fs.DurationVar(&c.dur, "duration", 5*time.Second, "length of one connection-rate or request/response run")
+	bulkMiB := fs.Int64("bulk-mib", 2048, "bytes per bulk run, MiB (4 streams carry a quarter each)")
+	fs.IntVar(&c.idleConns, "idle-conns", 10000, "idle connections held through each proxy")
+	fs.DurationVar(&c.settle, "settle", 10*time.Second, "wait after the idle connections close before reading RSS")
+	fs.DurationVar(&c.failDur, "failover-duration", 10*time.Second, "length of one failover run")
+	fs.DurationVar(&c.failKillAt, "failover-kill-at", 3*time.Second, "when the upstream is killed in a failover run")
+	fs.StringVar(&c.out, "o", "RESULTS.md", "Markdown report to write")
+	fs.StringVar(&c.epBin, "ep", "", "extractedprism binary (go build -o X .)")
+	fs.StringVar(&c.epStripped, "ep-stripped", "", "extractedprism built with -ldflags='-s -w', for its size")
+	fs.StringVar(&c.command, "command", "", "the command line to record in the report")
+	fs.StringVar(&c.proxyCPU, "proxy-cpu", "1", "taskset CPU list for the proxies")
+	fs.StringVar(&c.scenarios, "scenarios", "connrate,reqresp,bulk,strace,idle,footprint,failover,fdlimit", "scenarios to run")
+	systems := fs.String("systems", "direct,haproxy,nginx,extractedprism", "systems to compare")
+	fs.DurationVar(&c.waitQuiet, "wait-quiet", 0, "wait up to this long for the 1-minute load average to fall below -quiet-load")
+	fs.Float64Var(&c.quietLoad, "quiet-load", 1.5, "load average below which the machine counts as quiet")
+	fs.DurationVar(&c.maxTime, "max-time", 40*time.Minute, "abort the whole run after this long")
+	alt := fs.String("ep-alt", "", "other extractedprism builds to compare, NAME=PATH,...; add the NAMEs to -systems")
+	fs.BoolVar(&c.keepTmp, "keep-tmp", false, "keep the temp dir with the peers' configs and logs")
+	straceMiB := fs.Int64("strace-mib", 256, "bytes of the bulk download traced with strace, MiB")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if c.quick {
+		quick := map[string]func(){
+			"reps":              func() { c.reps = 1 },
+			"slow-reps":         func() { c.slowReps = 1 },
+			"duration":          func() { c.dur = 1500 * time.Millisecond },
+			"bulk-mib":          func() { *bulkMiB = 512 },
+			"idle-conns":        func() { c.idleConns = 2000 },
+			"settle":            func() { c.settle = 2 * time.Second },
+			"failover-duration": func() { c.failDur = 4 * time.Second },
+			"failover-kill-at":  func() { c.failKillAt = 1500 * time.Millisecond },
+			"strace-mib":        func() { *straceMiB = 128 },
+		}
+		for name, apply := range quick {
+			if !set[name] {
+				apply()
+			}
+		}
+	}
+	c.bulkBytes = *bulkMiB << 20
+	c.straceBytes = *straceMiB << 20
+	c.systems = strings.Split(*systems, ",")
+	c.alt = map[string]string{}
+	if *alt != "" {
+		for _, kv := range strings.Split(*alt, ",") {
+			name, path, ok := strings.Cut(kv, "=")
+			if !ok {
+				return nil, fmt.Errorf("-ep-alt: want NAME=PATH, got %q", kv)
+			}
+			c.alt[name] = path
+		}
+	}
+	if c.epBin == "" {
+		return nil, fmt.Errorf("-ep is required")
+	}
+	if c.reps < 1 || c.slowReps < 1 {
+		return nil, fmt.Errorf("-reps and -slow-reps must be at least 1")
+	}
+	if c.failKillAt >= c.failDur {
+		return nil, fmt.Errorf("-failover-kill-at must be less than -failover-duration")
+	}
+	return c, nil
+}
+
+// bench is one whole run.
+type bench struct {
+	cfg  *config
+	env  *env
+	ups  []*upstream
+	rep  strings.Builder // the report body
+	tgts []target
+	note []string
+
+	mu      sync.Mutex
+	running map[*instance]bool
+}
+
+// target is one of the issue's targets and whether the run met it.
+type target struct {
+	what, measured string
+	met            bool
+	known          bool // false: not measured in this run
+}
+
+func run(cfg *config) error {
+	log.SetFlags(log.Ltime)
+	b := &bench{cfg: cfg, running: map[*instance]bool{}}
+	nofile := raiseNofile()
+	b.fitIdle(nofile)
+
+	waited, quietAt := b.waitQuiet()
+	loadStart := loadAvg()
+
+	tmp, err := os.MkdirTemp("", "ep-bench-")
+	if err != nil {
+		return err
+	}
+	if cfg.keepTmp {
+		log.Printf("configs and logs in %s", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+	for range 3 {
+		u, err := startUpstream("127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		b.ups = append(b.ups, u)
+	}
+	defer func() {
+		for _, u := range b.ups {
+			u.close()
+		}
+	}()
+	var addrs []string
+	for _, u := range b.ups {
+		addrs = append(addrs, u.addr)
+	}
+	b.env = &env{tmp: tmp, upstreams: addrs, epBin: cfg.epBin, alt: cfg.alt, proxyCPU: cfg.proxyCPU, nofile: nofile}
+
+	// Stop every proxy on SIGINT/SIGTERM or when the run takes too long.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, cfg.maxTime)
+	defer cancel()
+	go func() {
+		<-ctx.Done()
+		if ctx.Err() == context.Canceled && !b.finished() {
+			log.Print("interrupted: stopping the proxies")
+		} else if !b.finished() {
+			log.Printf("run exceeded -max-time %s: stopping the proxies", cfg.maxTime)
+		} else {
+			return
+		}
+		b.stopAll()
+		os.Exit(3)
+	}()
+
+	start := time.Now()
+	scen := map[string]bool{}
+	for _, s := range strings.Split(cfg.scenarios, ",") {
+		scen[strings.TrimSpace(s)] = true
+	}
+	steps := []struct {
+		name string
+		fn   func() error
+	}{
+		{"connrate", b.connRateScenario},
+		{"reqresp", b.reqRespScenario},
+		{"bulk", b.bulkScenario},
+		{"strace", b.straceScenario},
+		{"idle", b.idleScenario},
+		{"footprint", b.footprintScenario},
+		{"failover", b.failoverScenario},
+		{"fdlimit", b.fdLimitScenario},
+	}
+	for _, s := range steps {
+		if !scen[s.name] {
+			continue
+		}
+		log.Printf("scenario %s", s.name)
+		if err := s.fn(); err != nil {
+			b.stopAll()
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	b.markFinished()
+	took := time.Since(start)
+	report := b.header(loadStart, loadAvg(), waited, quietAt, took) + b.rep.String() + b.targets() + b.notes()
+	fmt.Print(report)
+	if err := os.WriteFile(cfg.out, []byte(report), 0o644); err != nil {
+		return err
+	}
+	log.Printf("wrote %s in %s", cfg.out, took.Round(time.Second))
+	return nil
+}
+
+var finishedMu sync.Mutex
+var finishedFlag bool
+
+func (b *bench) finished() bool {
+	finishedMu.Lock()
+	defer finishedMu.Unlock()
+	return finishedFlag
+}
+
+func (b *bench) markFinished() {
+	finishedMu.Lock()
+	defer finishedMu.Unlock()
+	finishedFlag = true
+}
+
+// raiseNofile lifts this process's open-files limit for the idle scenario;
+// children started afterwards inherit it.
+// It returns the limit in force. Without CAP_SYS_RESOURCE the hard limit
+// cannot be raised, and the soft limit goes up to it.
+func raiseNofile() int {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
+		return 1024
+	}
+	want := syscall.Rlimit{Cur: 1 << 20, Max: 1 << 20}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &want); err != nil {
+		rl.Cur = rl.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
+	}
+	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl)
+	return int(min(rl.Cur, 1<<30))
+}
+
+// fitIdle lowers the idle connection count to what the open-files limit
+// allows: extractedprism needs 6 descriptors per connection and keeps 256
+// in reserve; this process holds both the client and the upstream end.
+func (b *bench) fitIdle(nofile int) {
+	fit := min((nofile-256)/6-50, (nofile-200)/2)
+	if b.cfg.idleConns <= fit {
+		return
+	}
+	b.note = append(b.note, fmt.Sprintf("The idle scenario held %s connections, not the %s asked for: the open-files limit here is %s and cannot be raised (`ulimit -n 1048576` failed: the sandbox lacks CAP_SYS_RESOURCE), and extractedprism needs 6 descriptors per connection plus a reserve of 256. Per-connection figures do not depend on the count.",
+		fmtNum(float64(fit), 0), fmtNum(float64(b.cfg.idleConns), 0), fmtNum(float64(nofile), 0)))
+	log.Printf("open-files limit %d: idle connections lowered from %d to %d", nofile, b.cfg.idleConns, fit)
+	b.cfg.idleConns = fit
+}
+
+// waitQuiet waits, within -wait-quiet, for the load average to drop.
+func (b *bench) waitQuiet() (time.Duration, bool) {
+	start := time.Now()
+	for {
+		if loadAvg1() < b.cfg.quietLoad {
+			return time.Since(start), true
+		}
+		if time.Since(start) >= b.cfg.waitQuiet {
+			return time.Since(start), false
+		}
+		log.Printf("load average %s; waiting for < %.1f (up to %s more)", loadAvg(), b.cfg.quietLoad,
+			(b.cfg.waitQuiet - time.Since(start)).Round(time.Second))
+		time.Sleep(min(15*time.Second, b.cfg.waitQuiet-time.Since(start)+time.Second))
+	}
+}
+
+func (b *bench) start(name string, o startOpts) (*instance, error) {
+	in, err := b.env.start(name, o)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.running[in] = true
+	b.mu.Unlock()
+	return in, nil
+}
+
+func (b *bench) stop(in *instance) {
+	in.stop()
+	b.mu.Lock()
+	delete(b.running, in)
+	b.mu.Unlock()
+}
+
+func (b *bench) stopAll() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for in := range b.running {
+		in.stop()
+	}
+	clear(b.running)
+}
+
+// proxies are the systems other than direct.
+func (b *bench) proxies() []string {
+	return slices.DeleteFunc(slices.Clone(b.cfg.systems), func(s string) bool { return s == sysDirect })
+}
+
+// interleave runs fn for every system, reps times, in the order A, B, C,
+// A, B, C, each run with a fresh system.
+func (b *bench) interleave(systems []string, reps int, o startOpts, fn func(in *instance, rep int) error) error {
+	for rep := range reps {
+		for _, name := range systems {
+			in, err := b.start(name, o)
+			if err != nil {
+				return err
+			}
+			err = fn(in, rep)
+			alive := in.alive()
+			b.stop(in)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if !alive {
+				return fmt.Errorf("%s exited during the run (log %s)", name, in.logPath)
+			}
+		}
+	}
+	return nil
+}
+
+func (b *bench) section(title, intro string) {
+	fmt.Fprintf(&b.rep, "\n## %s\n\n%s\n\n", title, intro)
+}
+
+func (b *bench) header(loadStart, loadEnd string, waited time.Duration, quiet bool, took time.Duration) string {
+	mi := readMachineInfo()
+	var h strings.Builder
+	h.WriteString("# extractedprism performance benchmark\n\n")
+	fmt.Fprintf(&h, "Generated by `bench/run.sh` on %s in %s.\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), took.Round(time.Second))
+	cmd := b.cfg.command
+	if cmd == "" {
+		cmd = strings.Join(os.Args, " ")
+	}
+	fmt.Fprintf(&h, "Command: `%s`\n\n", cmd)
+	h.WriteString("| Machine | |\n|---|---|\n")
+	fmt.Fprintf(&h, "| CPUs (nproc) | %d |\n", mi.CPUs)
+	fmt.Fprintf(&h, "| CPU model | %s |\n", mi.Model)
+	fmt.Fprintf(&h, "| Kernel | %s |\n", mi.Kernel)
+	fmt.Fprintf(&h, "| Memory | %s |\n", mi.MemTotal)
+	fmt.Fprintf(&h, "| Go | %s |\n", runtime.Version())
+	fmt.Fprintf(&h, "| HAProxy | %s |\n", firstLine("haproxy", "-v"))
+	fmt.Fprintf(&h, "| nginx | %s |\n", firstLine("nginx", "-v"))
+	fmt.Fprintf(&h, "| Pinning | load generator and upstreams `taskset -c 0`, proxies `taskset -c %s` |\n", b.cfg.proxyCPU)
+	fmt.Fprintf(&h, "| Load average (1, 5, 15 min) | start %s, end %s |\n", loadStart, loadEnd)
+	if !quiet {
+		fmt.Fprintf(&h, "\n**Measured under load**: the 1-minute load average was %s at the start "+
+			"(quiet means below %.1f; waited %s). Other work shared the two CPUs, so absolute "+
+			"numbers are low and noisy; the ratios between systems measured in the same interleaved "+
+			"runs are more telling than the values.\n", strings.Fields(loadStart)[0], b.cfg.quietLoad, waited.Round(time.Second))
+	}
+	fmt.Fprintf(&h, "\nSettings: %d repetitions (%d for bulk, idle, footprint and failover), interleaved "+
+		"(A, B, C, A, B, C, ...), a fresh proxy process per run; each cell is the median over "+
+		"repetitions. Runs of %s; bulk %s per run; %s idle connections. "+
+		"Ratios are value ÷ reference: above 1 is more for rates and slower for times.\n",
+		b.cfg.reps, b.cfg.slowReps, b.cfg.dur, mib(b.cfg.bulkBytes), fmtNum(float64(b.cfg.idleConns), 0))
+	return h.String()
+}
+
+func mib(n int64) string {
+	if n >= 1<<30 && n%(1<<30) == 0 {
+		return fmt.Sprintf("%d GiB", n>>30)
+	}
+	return fmt.Sprintf("%d MiB", n>>20)
+}
+
+func firstLine(name string, args ...string) string {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil && len(out) == 0 {
+		return "not installed"
+	}
+	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	return line
+}
+
+func (b *bench) targets() string {
+	var t table
+	t.head = []string{"Target", "Measured", "Met"}
+	for _, g := range b.tgts {
+		met := "no"
+		switch {
+		case !g.known:
+			met = "not measured"
+		case g.met:
+			met = "yes"
+		}
+		t.add(g.what, g.measured, met)
+	}
+	return "\n## Targets\n\n" + t.String()
+}
+
+func (b *bench) notes() string {
+	var s strings.Builder
+	s.WriteString("\n## Notes\n\n")
+	for _, n := range b.note {
+		s.WriteString("- " + n + "\n")
+	}
+	for _, n := range staticNotes {
+		s.WriteString("- " + n + "\n")
+	}
+	return s.String()
+}
+
+var staticNotes = []string{
+	"The upstreams are three in-process servers on 127.0.0.1 (echo; or a generator that sends a requested number of bytes and closes). They run on CPU 0 with the load generator, so the direct row measures client plus server on one CPU, and a proxy adds a second CPU to the pipeline: a proxied run can be faster than direct.",
+	"HAProxy: `mode tcp`, `nbthread 1`, `balance random`, `check inter 2s fall 2 rise 1`, `retries 3`, `option redispatch`, `timeout connect 1s`, global `maxconn` from the inherited descriptor limit (two per connection, at most 100,000); default buffers and no `option splice-*` (HAProxy splices only when told to). nginx: stream module, `worker_processes 1`, `random` balancing, `max_fails=2 fail_timeout=2s` (passive checks; nginx has no active ones), `proxy_next_upstream on`, `proxy_next_upstream_tries 3`, `proxy_connect_timeout 1s`, `worker_rlimit_nofile` the inherited limit. extractedprism: `--enable-discovery=false --health-interval 2s --health-timeout 1s`, random selection, built with plain `go build`. Every proxy is a child process of the bench, under `taskset -c 1`, with its config in a temp dir.",
+	"Proxy CPU is utime+stime of the proxying process (nginx: its worker) from /proc/PID/stat before and after the run (10 ms resolution). GB is 10^9 bytes.",
+	"Idle memory is the VmRSS delta of the proxying process divided by the connections; the descriptor count is /proc/PID/fd before and after. Kernel memory is not in RSS: the kernel column is the delta of the machine's SUnreclaim (slab, where sockets and pipe rings live) per connection, so it includes the client's and the upstream's sockets, the same for every system.",
+	"Failover: workers start short connections (connect, 64 B echo, close) at a fixed pace; one of the three upstreams is killed mid-run (listener and connections closed, so new dials to it are refused). 'Failed new' counts connections started after the kill that failed; 'broken in flight' those started before it that failed (they were on the killed upstream). Recovery is the time from the kill to the end of the last new connection that failed or took over 100 ms; 0 when there was none.",
+}
