@@ -73,6 +73,8 @@ func newStaticProvider(endpoints []string) provider {
 
 func (p *staticProvider) name() string { return staticProviderName }
 
+func (p *staticProvider) initial() []string { return p.endpoints }
+
 func (p *staticProvider) run(ctx context.Context, out chan<- []string) error {
 	select {
 	case out <- slices.Clone(p.endpoints):
@@ -113,6 +115,14 @@ type mergedProvider struct {
 	// mu guards byName, each provider's latest list, for sources.
 	mu     sync.Mutex
 	byName map[string][]string
+}
+
+// initialLister is a provider whose list is known before it runs. The
+// merged provider starts from these lists, so its first union is complete:
+// otherwise the static list, sent first, would briefly drop the cached
+// endpoints the daemon was seeded with.
+type initialLister interface {
+	initial() []string
 }
 
 // fallbackProvider is a provider whose list counts only until the provider
@@ -198,6 +208,11 @@ func (mp *mergedProvider) run(ctx context.Context, out chan<- []string) error {
 	defer wg.Wait()
 	defer cancel()
 
+	for _, p := range mp.providers {
+		if il, ok := p.(initialLister); ok && len(il.initial()) > 0 {
+			mp.record(p.name(), il.initial())
+		}
+	}
 	events := make(chan providerEvent)
 	for i, p := range mp.providers {
 		wg.Go(func() { superviseProvider(ctx, i, p, events) })
@@ -868,6 +883,7 @@ func newCacheProvider(c *endpointCache) provider {
 }
 
 func (p *cacheProvider) name() string         { return cacheProviderName }
+func (p *cacheProvider) initial() []string    { return p.endpoints }
 func (p *cacheProvider) supersededBy() string { return kubeProviderName }
 
 func (p *cacheProvider) run(ctx context.Context, out chan<- []string) error {

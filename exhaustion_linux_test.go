@@ -449,7 +449,10 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 	monitor.Go(func() {
 		tr := &http.Transport{DisableKeepAlives: true}
 		defer tr.CloseIdleConnections()
-		hc := &http.Client{Transport: tr, Timeout: time.Second}
+		// Starvation would mean no answer at all; 3 s tolerates a CI
+		// machine shared with other work, where 1 s flaked.
+		const bound = 3 * time.Second
+		hc := &http.Client{Transport: tr, Timeout: bound}
 		for {
 			select {
 			case <-monitorDone:
@@ -468,9 +471,9 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 				}
 				took := time.Since(start)
 				asked.Add(1)
-				if err != nil || took > time.Second {
+				if err != nil || took > bound {
 					failed.Add(1)
-					t.Errorf("GET %s during the flood: %v after %v; want 200 within 1s", path, err, took)
+					t.Errorf("GET %s during the flood: %v after %v; want 200 within %v", path, err, took, bound)
 				}
 				if int64(took) > worst.Load() {
 					worst.Store(int64(took))
