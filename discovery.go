@@ -139,6 +139,15 @@ func newMergedProvider(log *slog.Logger, m *metrics, providers ...provider) *mer
 	return &mergedProvider{log: log, m: m, providers: providers, byName: map[string][]string{}}
 }
 
+// preload records the lists of the providers that know theirs up front.
+func (mp *mergedProvider) preload() {
+	for _, p := range mp.providers {
+		if il, ok := p.(initialLister); ok && len(il.initial()) > 0 {
+			mp.record(p.name(), il.initial())
+		}
+	}
+}
+
 // sources maps each endpoint of the current union to the providers that
 // list it, for /upstreams.
 func (mp *mergedProvider) sources() map[string][]string {
@@ -208,11 +217,7 @@ func (mp *mergedProvider) run(ctx context.Context, out chan<- []string) error {
 	defer wg.Wait()
 	defer cancel()
 
-	for _, p := range mp.providers {
-		if il, ok := p.(initialLister); ok && len(il.initial()) > 0 {
-			mp.record(p.name(), il.initial())
-		}
-	}
+	mp.preload()
 	events := make(chan providerEvent)
 	for i, p := range mp.providers {
 		wg.Go(func() { superviseProvider(ctx, i, p, events) })
