@@ -64,12 +64,14 @@ type connRateResult struct {
 	ok, failed int
 	rate       float64 // successful connections per second
 	p50, p99   time.Duration
+	cpuPerConn time.Duration // proxy utime+stime per connection
 	firstErr   string
 }
 
 // connRate runs workers that each connect, echo 64 bytes and close, back
 // to back, for dur.
 func connRate(in *instance, workers int, dur time.Duration) connRateResult {
+	cpu0 := in.cpu()
 	start := time.Now()
 	deadline := start.Add(dur)
 	lats := make([][]time.Duration, workers)
@@ -101,6 +103,9 @@ func connRate(in *instance, workers int, dur time.Duration) connRateResult {
 	}
 	r.rate = float64(r.ok) / elapsed.Seconds()
 	r.p50, r.p99 = percentile(all, 50), percentile(all, 99)
+	if r.ok > 0 {
+		r.cpuPerConn = (in.cpu() - cpu0) / time.Duration(r.ok)
+	}
 	if v, ok := firstErr.Load().(string); ok {
 		r.firstErr = v
 	}
@@ -112,6 +117,7 @@ type pingPongResult struct {
 	ops, failed    int
 	rate           float64 // round trips per second
 	p50, p99, p999 time.Duration
+	cpuPerOp       time.Duration // proxy utime+stime per round trip
 	firstErr       string
 }
 
@@ -155,11 +161,16 @@ func pingPong(in *instance, conns int, dur, warmup time.Duration) pingPongResult
 		})
 	}
 	ready.Wait()
+	cpu0 := in.cpu()
 	startAt = time.Now()
 	close(startGate)
 	wg.Wait()
 	all := slices.Concat(lats...)
 	r := pingPongResult{ops: len(all)}
+	if r.ops > 0 {
+		// Warm-up round trips are not counted but cost CPU: scale.
+		r.cpuPerOp = time.Duration(float64(in.cpu()-cpu0) * float64(dur-warmup) / float64(dur) / float64(r.ops))
+	}
 	for _, err := range errs {
 		if err != nil {
 			r.failed++

@@ -148,6 +148,7 @@ type bench struct {
 
 	mu      sync.Mutex
 	running map[*instance]bool
+	loads   []string // 1-minute load average after each scenario
 }
 
 // target is one of the issue's targets and whether the run met it.
@@ -229,6 +230,7 @@ func run(cfg *config) error {
 		{"failover", b.failoverScenario},
 		{"fdlimit", b.fdLimitScenario},
 	}
+	var loads []string
 	for _, s := range steps {
 		if !scen[s.name] {
 			continue
@@ -238,7 +240,9 @@ func run(cfg *config) error {
 			b.stopAll()
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
+		loads = append(loads, fmt.Sprintf("%s %s", s.name, strings.Fields(loadAvg())[0]))
 	}
+	b.loads = loads
 	b.markFinished()
 	took := time.Since(start)
 	report := b.header(loadStart, loadAvg(), waited, quietAt, took) + b.rep.String() + b.targets() + b.notes()
@@ -392,6 +396,16 @@ func (b *bench) header(loadStart, loadEnd string, waited time.Duration, quiet bo
 	fmt.Fprintf(&h, "| nginx | %s |\n", firstLine("nginx", "-v"))
 	fmt.Fprintf(&h, "| Pinning | load generator and upstreams `taskset -c 0`, proxies `taskset -c %s` |\n", b.cfg.proxyCPU)
 	fmt.Fprintf(&h, "| Load average (1, 5, 15 min) | start %s, end %s |\n", loadStart, loadEnd)
+	fmt.Fprintf(&h, "| 1-minute load after each scenario | %s |\n", strings.Join(b.loads, ", "))
+	busy := false
+	for _, l := range b.loads {
+		var v float64
+		_, _ = fmt.Sscanf(strings.Fields(l)[1], "%g", &v)
+		busy = busy || v >= b.cfg.quietLoad+1 // the run itself adds about 1
+	}
+	if quiet && busy {
+		h.WriteString("\n**Other work started during the run**: the load average after some scenarios (above) was well over what the benchmark itself causes (about 1), so those scenarios shared the CPUs; their absolute numbers are less reliable than the ratios between systems measured in the same interleaved runs.\n")
+	}
 	if !quiet {
 		fmt.Fprintf(&h, "\n**Measured under load**: the 1-minute load average was %s at the start "+
 			"(quiet means below %.1f; waited %s). Other work shared the two CPUs, so absolute "+

@@ -203,3 +203,12 @@ func readMachineInfo() machineInfo {
 	}
 	return mi
 }
+
+// cpu is the proxying process's utime+stime so far; 0 for direct.
+func (in *instance) cpu() time.Duration {
+	if in.pid == 0 {
+		return 0
+	}
+	d, _ := cpuTime(in.pid)
+	return d
+}

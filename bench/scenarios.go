@@ -42,8 +42,8 @@ func (b *bench) connRateScenario() error {
 	s := samples{}
 	err := b.interleave(b.cfg.systems, b.cfg.reps, startOpts{}, func(in *instance, rep int) error {
 		r := connRate(in, workers, b.cfg.dur)
-		log.Printf("  connrate %-14s rep %d: %8.0f conn/s p50 %6.0f µs p99 %6.0f µs failed %d %s",
-			in.name, rep, r.rate, us(r.p50), us(r.p99), r.failed, r.firstErr)
+		log.Printf("  connrate %-14s rep %d: %8.0f conn/s p50 %6.0f µs p99 %6.0f µs, proxy CPU %5.1f µs/conn, failed %d %s",
+			in.name, rep, r.rate, us(r.p50), us(r.p99), us(r.cpuPerConn), r.failed, r.firstErr)
 		if r.ok == 0 {
 			return fmt.Errorf("no connection succeeded: %s", r.firstErr)
 		}
@@ -51,6 +51,9 @@ func (b *bench) connRateScenario() error {
 		s.add(in.name, "p50", us(r.p50))
 		s.add(in.name, "p99", us(r.p99))
 		s.add(in.name, "failed", float64(r.failed))
+		if in.pid != 0 {
+			s.add(in.name, "cpu", us(r.cpuPerConn))
+		}
 		return nil
 	})
 	if err != nil {
@@ -59,13 +62,14 @@ func (b *bench) connRateScenario() error {
 	b.section("1. Connection rate",
 		fmt.Sprintf("%d workers, each in a loop: connect, 64 B echo, close; %s per run. Per-connection time is connect to close.", workers, b.cfg.dur))
 	var t table
-	t.head = []string{"System", "conn/s", "÷ direct", "÷ HAProxy", "p50 µs", "÷ HAProxy", "p99 µs", "÷ HAProxy", "failed (all runs)"}
+	t.head = []string{"System", "conn/s", "÷ direct", "÷ HAProxy", "p50 µs", "÷ HAProxy", "p99 µs", "÷ HAProxy", "proxy CPU µs/conn", "÷ HAProxy", "failed (all runs)"}
 	for _, name := range b.cfg.systems {
 		rd, rh := rel(s, name, "rate", "")
 		_, p50h := rel(s, name, "p50", "")
 		_, p99h := rel(s, name, "p99", "")
+		_, cpuh := rel(s, name, "cpu", "")
 		t.add(name, fmtNum(s.med(name, "rate"), 0), rd, rh, fmtNum(s.med(name, "p50"), 0), p50h,
-			fmtNum(s.med(name, "p99"), 0), p99h, fmtNum(s.sum(name, "failed"), 0))
+			fmtNum(s.med(name, "p99"), 0), p99h, fmtNum(s.med(name, "cpu"), 1), cpuh, fmtNum(s.sum(name, "failed"), 0))
 	}
 	b.rep.WriteString(t.String())
 	if b.has(sysEP) && b.has(sysHAProxy) {
@@ -84,8 +88,8 @@ func (b *bench) reqRespScenario() error {
 		suffix := fmt.Sprintf("/%d", conns)
 		err := b.interleave(b.cfg.systems, b.cfg.reps, startOpts{}, func(in *instance, rep int) error {
 			r := pingPong(in, conns, b.cfg.dur, warmup)
-			log.Printf("  reqresp  %-14s x%-2d rep %d: %8.0f rt/s p50 %5.0f µs p99 %6.0f µs p99.9 %6.0f µs failed %d %s",
-				in.name, conns, rep, r.rate, us(r.p50), us(r.p99), us(r.p999), r.failed, r.firstErr)
+			log.Printf("  reqresp  %-14s x%-2d rep %d: %8.0f rt/s p50 %5.0f µs p99 %6.0f µs p99.9 %6.0f µs, proxy CPU %4.1f µs/rt, failed %d %s",
+				in.name, conns, rep, r.rate, us(r.p50), us(r.p99), us(r.p999), us(r.cpuPerOp), r.failed, r.firstErr)
 			if r.failed > 0 {
 				return fmt.Errorf("%d connections failed: %s", r.failed, r.firstErr)
 			}
@@ -94,6 +98,9 @@ func (b *bench) reqRespScenario() error {
 			s.add(row, "p50", us(r.p50))
 			s.add(row, "p99", us(r.p99))
 			s.add(row, "p999", us(r.p999))
+			if in.pid != 0 {
+				s.add(row, "cpu", us(r.cpuPerOp))
+			}
 			return nil
 		})
 		if err != nil {
@@ -103,7 +110,7 @@ func (b *bench) reqRespScenario() error {
 	b.section("2. Request/response",
 		fmt.Sprintf("64 B ping-pong on 1 and on 64 persistent connections, %s per run (the first %s not recorded). Round-trip times.", b.cfg.dur, warmup))
 	var t table
-	t.head = []string{"System", "conns", "round trips/s", "p50 µs", "÷ direct", "÷ HAProxy", "p99 µs", "÷ direct", "÷ HAProxy", "p99.9 µs", "÷ HAProxy"}
+	t.head = []string{"System", "conns", "round trips/s", "p50 µs", "÷ direct", "÷ HAProxy", "p99 µs", "÷ direct", "÷ HAProxy", "p99.9 µs", "÷ HAProxy", "proxy CPU µs/round trip"}
 	for _, conns := range connCounts {
 		suffix := fmt.Sprintf("/%d", conns)
 		for _, name := range b.cfg.systems {
@@ -114,7 +121,7 @@ func (b *bench) reqRespScenario() error {
 			t.add(name, strconv.Itoa(conns), fmtNum(s.med(row, "rate"), 0),
 				fmtNum(s.med(row, "p50"), 0), p50d, p50h,
 				fmtNum(s.med(row, "p99"), 0), p99d, p99h,
-				fmtNum(s.med(row, "p999"), 0), p999h)
+				fmtNum(s.med(row, "p999"), 0), p999h, fmtNum(s.med(row, "cpu"), 1))
 		}
 	}
 	b.rep.WriteString(t.String())
@@ -399,7 +406,7 @@ func (b *bench) footprintScenario() error {
 		// Two health-check rounds, then three scrapes of /metrics.
 		time.Sleep(4500 * time.Millisecond)
 		size := 0
-		if in.name == sysEP {
+		if in.healthAddr != "" {
 			for range 3 {
 				n, err := in.scrapeMetrics()
 				if err != nil {
