@@ -444,7 +444,7 @@ var yamlBlockIndicators = []string{"|", "|-", "|+", ">", ">-", ">+"}
 
 // alertExprs returns the expr: values of the rule file text, plain,
 // quoted or block scalars. It is a line scan, not a YAML parser; the
-// deploy/test module parses the file properly. Comments are skipped.
+// tools/deploytest module parses the file properly. Comments are skipped.
 func alertExprs(text string) []string {
 	lines := strings.Split(text, "\n")
 	indent := func(line string) int { return len(line) - len(strings.TrimLeft(line, " ")) }

@@ -3,6 +3,7 @@ package harness
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -309,4 +311,36 @@ next:
 		n++
 	}
 	return n
+}
+
+// upstreamState is what the tests read of one upstream in /upstreams.
+type upstreamState struct {
+	known    bool // in the pool
+	draining bool
+	fromKube bool // listed by Kubernetes discovery
+}
+
+// upstream reads addr's state from the daemon's /upstreams.
+func (d *Daemon) upstream(addr string) (upstreamState, error) {
+	code, body, err := d.Get("/upstreams")
+	if err != nil {
+		return upstreamState{}, err
+	}
+	if code != http.StatusOK {
+		return upstreamState{}, fmt.Errorf("/upstreams: status %d", code)
+	}
+	var all []struct {
+		Address  string   `json:"address"`
+		Sources  []string `json:"sources"`
+		Draining bool     `json:"draining"`
+	}
+	if err := json.Unmarshal([]byte(body), &all); err != nil {
+		return upstreamState{}, fmt.Errorf("/upstreams: %w", err)
+	}
+	for _, u := range all {
+		if u.Address == addr {
+			return upstreamState{known: true, draining: u.Draining, fromKube: slices.Contains(u.Sources, "kubernetes")}, nil
+		}
+	}
+	return upstreamState{}, nil
 }

@@ -35,7 +35,9 @@ var scenarios = map[string]scenario{
 // ScenarioDescriptions explain each scenario for the report.
 var ScenarioDescriptions = map[string]string{
 	"steady": "No fault. The daemon starts with only cp1 as a static endpoint, so reaching three upstreams " +
-		"proves discovery learned cp2 and cp3 from the EndpointSlice.",
+		"proves discovery learned cp2 and cp3 from the EndpointSlice. After 20 s on the established watch, an " +
+		"extra EndpointSlice adds an upstream (a relay in w1 to cp2) and is deleted again; the daemon must " +
+		"follow each change within a second.",
 	"compaction": "etcd is compacted to its current revision and the daemon's own discovery connection is cut " +
 		"(`ss -K`); its watch resumes from a compacted revision (EndpointSlice watch cache off), gets 410 Gone " +
 		"and re-lists. Then an extra EndpointSlice adds an upstream (a relay in w1 to cp2) and is deleted again.",
@@ -87,7 +89,7 @@ func actSteady(rr *rowRun) error {
 			rr.fail("%s{upstream=%s} = %v after 20 s; want 1", mHealth, APIAddr(n), v)
 		}
 	}
-	return nil
+	return rr.followExtraSlice(time.Second)
 }
 
 func checkSteady(rr *rowRun, m Measure) {
@@ -145,13 +147,15 @@ func actCompaction(rr *rowRun) error {
 	}
 
 	rr.asserts("after the re-list, an extra EndpointSlice adds an upstream and deleting it removes it")
-	return rr.followExtraSlice()
+	return rr.followExtraSlice(0) // the re-watch waits out the backoff
 }
 
 // followExtraSlice publishes a relay in w1 through an extra EndpointSlice
-// of the kubernetes service, waits for the daemon to add it, deletes the
-// slice and waits for the daemon to remove it.
-func (rr *rowRun) followExtraSlice() error {
+// of the kubernetes service, times how long the daemon takes to list it
+// and, after the slice is deleted, to stop listing it, and waits for its
+// removal. A bound above zero is asserted on both times: discovery must
+// follow a change on an established watch within it.
+func (rr *rowRun) followExtraSlice(bound time.Duration) error {
 	c := rr.r.C
 	ctx := rr.ctx
 	if out, err := c.ExecW1(ctx, "ip", "addr", "replace", extraAddr+"/32", "dev", "lo"); err != nil {
@@ -167,7 +171,32 @@ func (rr *rowRun) followExtraSlice() error {
 	if err != nil {
 		return err
 	}
-	slice := &discoveryv1.EndpointSlice{
+	eps := cs.DiscoveryV1().EndpointSlices("default")
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = eps.Create(cctx, extraSlice(), metav1.CreateOptions{})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("create the extra EndpointSlice: %w", err)
+	}
+	rr.timeFollow("added", bound, time.Now(), func(st upstreamState) bool { return st.known && !st.draining && st.fromKube })
+	sleepCtx(ctx, 2*rr.settings().HealthInterval) // let it take some connections
+	cctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+	err = eps.Delete(cctx, extraSlice().Name, metav1.DeleteOptions{})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("delete the extra EndpointSlice: %w", err)
+	}
+	removed := time.Now()
+	rr.timeFollow("dropped", bound, removed, func(st upstreamState) bool { return !st.known || st.draining })
+	rr.waitExtraGone(extra, removed)
+	rr.note("relay accepted %d connections", rl.accepted.Load())
+	return nil
+}
+
+// extraSlice is the EndpointSlice of the kubernetes service that
+// followExtraSlice creates: one ready endpoint, the relay in w1.
+func extraSlice() *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      "e2e-extra",
 			Namespace: "default",
@@ -180,34 +209,37 @@ func (rr *rowRun) followExtraSlice() error {
 		}},
 		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To[int32](6443)}},
 	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = cs.DiscoveryV1().EndpointSlices("default").Create(cctx, slice, metav1.CreateOptions{})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("create the extra EndpointSlice: %w", err)
+}
+
+// timeFollow polls the daemon's /upstreams every 10 ms until cond holds for
+// the extra upstream, and reports (and, with a bound, asserts) how long
+// after since that took.
+func (rr *rowRun) timeFollow(what string, bound time.Duration, since time.Time, cond func(upstreamState) bool) {
+	if bound > 0 {
+		rr.asserts(fmt.Sprintf("an EndpointSlice change on an established watch is followed within %s (%s)", bound, what))
 	}
-	added := time.Now()
-	has := func(s Samples) bool { _, ok := s.Get(mHealth, "upstream", extra); return ok }
-	var last Samples
-	if rr.waitFor(20*time.Second, func() bool {
-		s, err := rr.d.Metrics()
-		last = s
-		return err == nil && s.Value(mUpstreamsTotal) == 4 && has(s)
-	}) {
-		rr.note("extra upstream added %s after the slice was created", time.Since(added).Round(100*time.Millisecond))
-	} else {
-		rr.fail("extra upstream %s not added within 20s (upstreams_total %v)", extra, last.Value(mUpstreamsTotal))
+	deadline := since.Add(20 * time.Second)
+	for time.Now().Before(deadline) && rr.ctx.Err() == nil {
+		st, err := rr.d.upstream(extraAddr + ":6443")
+		if err == nil && cond(st) {
+			took := time.Since(since)
+			rr.note("extra upstream %s %s after the slice change", what, took.Round(time.Millisecond))
+			if bound > 0 && took > bound {
+				rr.fail("extra upstream %s %s after the slice change; want <= %s", what, took.Round(time.Millisecond), bound)
+			}
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	sleepCtx(ctx, 2*rr.settings().HealthInterval) // let it take some connections
-	cctx, cancel = context.WithTimeout(ctx, 10*time.Second)
-	err = cs.DiscoveryV1().EndpointSlices("default").Delete(cctx, "e2e-extra", metav1.DeleteOptions{})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("delete the extra EndpointSlice: %w", err)
-	}
-	removed := time.Now()
+	rr.fail("extra upstream not %s within 20s of the slice change", what)
+}
+
+// waitExtraGone waits until the removed extra upstream has drained and
+// every per-upstream series of it is deleted.
+func (rr *rowRun) waitExtraGone(extra string, removed time.Time) {
 	limit := rr.settings().DrainTimeout + 10*time.Second
 	rr.asserts("every per-upstream series of a removed upstream is deleted")
+	var last Samples
 	if rr.waitFor(limit, func() bool {
 		s, err := rr.d.Metrics()
 		last = s
@@ -218,8 +250,6 @@ func (rr *rowRun) followExtraSlice() error {
 		rr.fail("extra upstream %s still known %s after its slice was deleted (upstreams_total %v, series %v)",
 			extra, limit, last.Value(mUpstreamsTotal), last.SeriesFor(extra))
 	}
-	rr.note("relay accepted %d connections", rl.accepted.Load())
-	return nil
 }
 
 // --- membership

@@ -71,7 +71,7 @@ func findHelm(t *testing.T) string {
 	if h, err := exec.LookPath("helm"); err == nil {
 		return h
 	}
-	t.Fatalf("no helm: run deploy/test/ci.sh, which builds helm %s, or set HELM to a helm binary", helmVersion)
+	t.Fatalf("no helm: run tools/deploytest/ci.sh, which builds helm %s, or set HELM to a helm binary", helmVersion)
 	return ""
 }
 

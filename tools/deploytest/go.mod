@@ -1,4 +1,4 @@
-module github.com/extractedprism/extractedprism/deploy/test
+module github.com/extractedprism/extractedprism/tools/deploytest
 
 go 1.26.8
 

@@ -3,7 +3,7 @@
 # outside the work tree, then runs the chart, manifest, static-binary and
 # API-server tests of this module. Needs only Go and the Go module proxy.
 #
-#   deploy/test/ci.sh
+#   tools/deploytest/ci.sh
 #
 # EXTRACTEDPRISM_TOOLS moves the helm cache (default ~/.cache/extractedprism-tools).
 # EP_E2E_BIN_DIR and EP_E2E_REQUIRE=1 steer the API-server test; see

@@ -22,7 +22,7 @@ const manifestHeader = `# extractedprism as plain manifests: the Helm chart in c
 # Generated; do not edit. A test renders the chart and compares; after a
 # chart change, regenerate with:
 #
-#   cd deploy/test && go test -run TestPlainManifestInSync -update .
+#   cd tools/deploytest && go test -run TestPlainManifestInSync -update .
 `
 
 // plainManifest renders the chart the way deploy/extractedprism.yaml is made.
@@ -48,7 +48,7 @@ func TestPlainManifestInSync(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 	if string(got) != want {
-		t.Errorf("%s differs from the chart rendered with default values:\n%s\nregenerate with: cd deploy/test && go test -run TestPlainManifestInSync -update .",
+		t.Errorf("%s differs from the chart rendered with default values:\n%s\nregenerate with: cd tools/deploytest && go test -run TestPlainManifestInSync -update .",
 			manifestPath, firstDifference(string(got), want))
 	}
 	// The file must also pass every check a chart render does, so an
