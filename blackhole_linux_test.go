@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // privateNetnsEnv marks the copy of the test binary that runs in a private
@@ -218,8 +219,9 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 
 // blackHoleRun is the result of one black-hole run.
 type blackHoleRun struct {
-	phases []phase
-	closed []time.Duration
+	phases     []phase
+	closed     []time.Duration
+	deadClosed float64 // extractedprism_dead_connections_closed_total at the end
 }
 
 // runBlackHole holds conns on the victim, streams new connections before,
@@ -243,6 +245,7 @@ func runBlackHole(tb testing.TB, mech mechanisms, held int, during time.Duration
 	wg.Wait()
 	restore()
 	r.phases = append(r.phases, hb.stream("after", 2*time.Second))
+	r.deadClosed = testutil.ToFloat64(hb.px.m.deadConnsClosed)
 	return r
 }
 
@@ -255,6 +258,11 @@ func TestSweepClosesConnectionsToVanishedPeer(t *testing.T) {
 		if d < 0 || d > 6*time.Second {
 			t.Errorf("long-lived connection %d closed after %v; want within 6 s of the black hole", i, d)
 		}
+	}
+	// Each held connection ends with the kernel's ETIMEDOUT on its upstream
+	// socket, which the data path counts.
+	if r.deadClosed < float64(len(r.closed)) {
+		t.Errorf("dead connections counted: %v; want at least the %d held ones", r.deadClosed, len(r.closed))
 	}
 	for _, ph := range r.phases {
 		if ph.failed != 0 {

@@ -42,8 +42,9 @@
 // most once. When no upstream is pickable, the known non-draining ones are
 // tried anyway, most recently healthy first. Proxied connections are bounded
 // by the open-files limit less a reserve of 256 descriptors, each connection
-// counting six (two sockets, two splice pipes); at the bound new clients wait
-// in the listen backlog. Accept errors such as EMFILE back off and retry.
+// counting four (two sockets, one splice pipe borrowed while bytes move; an
+// idle connection holds only its sockets); at the bound new clients wait in
+// the listen backlog. Accept errors such as EMFILE back off and retry.
 //
 // # Upstream health
 //
@@ -322,11 +323,13 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 		wg.Go(func() { d.cacheWriter(ctx, toCache) })
 	}
 	wg.Go(func() { discDone <- d.discovery.run(ctx, updates) })
-	wg.Go(func() { d.proxy.serve(ctx, lbLn) })
+	served := make(chan struct{})
+	wg.Go(func() { d.proxy.serve(ctx, lbLn); close(served) })
 	wg.Go(func() { healthErr = serveHealth(ctx, srv, healthLn, d.log) })
 
 	d.loop(ctx, updates, discDone, toCache)
 
+	<-served // serve returns once ctx is done; no connection starts after it
 	err := d.proxy.shutdown()
 	d.pool.close()
 	wg.Wait()

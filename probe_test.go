@@ -36,6 +36,9 @@ func timeWaitTo(t *testing.T, port int) int {
 func TestTCPCheckLeavesNoTimeWait(t *testing.T) {
 	up := startUpstream(t, echo)
 	port := up.ln.Addr().(*net.TCPAddr).Port
+	// Connections of earlier tests to an earlier listener on the same port
+	// may still linger in TIME_WAIT; they only ever go away.
+	before := timeWaitTo(t, port)
 	for range 20 {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		res := tcpCheck(ctx, up.addr)
@@ -48,8 +51,8 @@ func TestTCPCheckLeavesNoTimeWait(t *testing.T) {
 		}
 	}
 	waitFor(t, "the upstream to see every check end", func() bool { return up.openCount() == 0 })
-	if n := timeWaitTo(t, port); n != 0 {
-		t.Errorf("TIME_WAIT sockets after 20 checks: got %d; want 0", n)
+	if n := timeWaitTo(t, port); n > before {
+		t.Errorf("TIME_WAIT sockets after 20 checks: got %d; want at most the %d from before", n, before)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -30,10 +29,13 @@ const (
 	hedgeMin    = 50 * time.Millisecond
 	hedgeMax    = 500 * time.Millisecond
 
-	// fdsPerConn is what one proxied connection holds: the client socket, the
-	// upstream socket, and one splice pipe (two descriptors) per direction,
-	// which Go keeps for as long as the copy runs.
-	fdsPerConn = 6
+	// fdsPerConn is what the descriptor bound counts per proxied
+	// connection: its two sockets, which are all an idle connection holds,
+	// and one splice pipe (two descriptors). Pipes are borrowed from a pool
+	// only while bytes move (see copyStream), so this leaves a pipe for
+	// every connection moving bytes in one direction at a time; beyond
+	// that, Go copies through user space when pipe(2) fails.
+	fdsPerConn = 4
 	// fdReserve descriptors are never used for proxied connections, so the
 	// health server, the probes and discovery keep working while clients
 	// hold every other descriptor.
@@ -504,10 +506,10 @@ func copyHalfInto(errc chan<- error, dst, src net.Conn) {
 
 // copyHalf copies src to dst. A clean end of src is passed on as a
 // half-close of dst; an error tears down both sockets so the other direction
-// ends too. io.Copy between two *net.TCPConn uses splice(2): the bytes never
+// ends too. Between two *net.TCPConn the copy uses splice(2): the bytes never
 // enter user space, which is why neither side is wrapped in anything.
 func copyHalf(dst, src net.Conn) error {
-	if _, err := io.Copy(dst, src); err != nil {
+	if err := copyStream(dst, src); err != nil {
 		_ = dst.Close()
 		_ = src.Close()
 		return err

@@ -3,9 +3,12 @@
 package main
 
 import (
+	"bytes"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -217,4 +220,56 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 	}
 	px.pool.reportCheck(u, checkResult{rtt: time.Millisecond})
 	check("after recovery", 30, 30000)
+}
+
+// pipeFDs counts the pipe descriptors this process holds.
+func pipeFDs(t *testing.T) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("cannot list descriptors: %v", err)
+	}
+	n := 0
+	for _, e := range entries {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(target, "pipe:") {
+			n++
+		}
+	}
+	return n
+}
+
+// settledPipeFDs collects garbage until the pipe count stops falling below
+// limit or 5 s pass: pooled splice pipes close only when collected.
+func settledPipeFDs(t *testing.T, limit int) int {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		runtime.GC()
+		n := pipeFDs(t)
+		if n <= limit || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestIdleConnectionsHoldNoSplicePipes(t *testing.T) {
+	up := startUpstream(t, exhEcho) // buffered: the upstream holds no pipes itself
+	px := startProxy(t, poolConfig{}, up.addr)
+	const conns = 40
+	before := settledPipeFDs(t, 0)
+	for i := range conns {
+		c := dialProxy(t, px.addr)
+		if err := roundTrip(c, bytes.Repeat([]byte{byte(i)}, 64<<10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A splicing io.Copy would pin a pipe (two descriptors) per direction
+	// to every idle connection: 160 here.
+	if held := settledPipeFDs(t, before+4) - before; held > 4 {
+		t.Errorf("%d idle connections hold %d pipe descriptors; want none beyond the pool's few", conns, held)
+	}
+	if got := px.m.connectionsActive; testutil.ToFloat64(got) != conns {
+		t.Errorf("active connections %v; want %d", testutil.ToFloat64(got), conns)
+	}
 }

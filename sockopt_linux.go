@@ -3,7 +3,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"syscall"
 	"time"
 
@@ -36,4 +39,79 @@ func openFilesLimit() uint64 {
 		return 1024
 	}
 	return rl.Cur
+}
+
+// copyStream copies src to dst until src ends. Between two TCP sockets it
+// waits for bytes without holding anything but the sockets, then moves
+// exactly the bytes queued with splice(2). Go's splice borrows a pipe (two
+// descriptors) from a pool for one call and keeps it while the call waits
+// for more input, so a plain io.Copy would pin two pipes to every idle
+// connection. When no pipe can be had (descriptors exhausted), Go copies
+// through user space instead.
+func copyStream(dst, src net.Conn) error {
+	d, dok := dst.(*net.TCPConn)
+	s, sok := src.(*net.TCPConn)
+	if !dok || !sok {
+		_, err := io.Copy(dst, src)
+		return err
+	}
+	rc, err := s.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("copy: %w", err)
+	}
+	lr := &io.LimitedReader{R: s}
+	for {
+		n, err := queued(rc)
+		if err != nil || n == 0 {
+			return err
+		}
+		lr.N = n
+		if _, err := d.ReadFrom(lr); err != nil {
+			return err
+		}
+	}
+}
+
+// queued waits until the socket has bytes queued, has ended or has failed,
+// and returns the number of bytes queued: 0 at the end of the stream. A
+// failed socket (reset, or timed out by keepalive or TCP_USER_TIMEOUT)
+// returns its error.
+func queued(rc syscall.RawConn) (int64, error) {
+	var n int
+	var serr error
+	err := rc.Read(func(fd uintptr) bool {
+		n, serr = queuedNow(int(fd))
+		return !errors.Is(serr, unix.EAGAIN)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("copy: wait for data: %w", err)
+	}
+	if serr != nil {
+		return 0, fmt.Errorf("copy: read: %w", serr)
+	}
+	return int64(n), nil
+}
+
+// queuedNow returns the bytes queued on fd without waiting: EAGAIN when
+// none are and the stream goes on, 0 at its end.
+func queuedNow(fd int) (int, error) {
+	var peek [1]byte
+	for {
+		n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+		if err != nil || n > 0 {
+			return n, err
+		}
+		// Nothing queued: peek to tell an idle stream from an ended or
+		// failed one (SIOCINQ reports neither).
+		m, _, err := unix.Recvfrom(fd, peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return 0, err
+		case m == 0:
+			return 0, nil
+		}
+		// A byte arrived between the two calls: count again.
+	}
 }

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"io"
+	"net"
 	"syscall"
 	"time"
 )
@@ -12,3 +14,9 @@ func setUserTimeout(syscall.RawConn, time.Duration) error { return nil }
 
 // openFilesLimit is a conservative guess where it is not read.
 func openFilesLimit() uint64 { return 1024 }
+
+// copyStream copies src to dst until src ends.
+func copyStream(dst, src net.Conn) error {
+	_, err := io.Copy(dst, src)
+	return err
+}
