@@ -31,8 +31,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -331,11 +332,62 @@ func newKubernetesProvider(cfg kubeProviderConfig, log *slog.Logger, m *metrics)
 	if err != nil {
 		return nil, err
 	}
-	client, err := kubernetes.NewForConfig(restConfig)
+	client, err := newRESTSliceClient(restConfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
 	return newKubeWatcher(client, log, m, rand.Float64), nil
+}
+
+// sliceClient lists and watches discovery/v1 EndpointSlices: all the
+// kubernetes provider asks of the API.
+type sliceClient interface {
+	List(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error)
+	Watch(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error)
+}
+
+// restSliceClient is a REST client for the discovery.k8s.io/v1 group alone.
+// client-go's generated clientset would work as well, but it links a typed
+// client for every API group, which costs about 12 MB of binary and several
+// MiB of memory in every node's copy of this daemon.
+type restSliceClient struct {
+	rc     *rest.RESTClient
+	params runtime.ParameterCodec
+}
+
+func newRESTSliceClient(cfg *rest.Config) (*restSliceClient, error) {
+	scheme := runtime.NewScheme()
+	// Registers EndpointSlice and EndpointSliceList, and with them the meta
+	// types a response may carry: Status (errors, 410 Gone in a watch) and
+	// the list options.
+	if err := discoveryv1.AddToScheme(scheme); err != nil {
+		return nil, fmt.Errorf("register discovery/v1: %w", err)
+	}
+	c := *cfg
+	c.GroupVersion = &discoveryv1.SchemeGroupVersion
+	c.APIPath = "/apis"
+	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	rc, err := rest.RESTClientFor(&c)
+	if err != nil {
+		return nil, err
+	}
+	return &restSliceClient{rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
+}
+
+func (c *restSliceClient) List(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
+	list := &discoveryv1.EndpointSliceList{}
+	err := c.rc.Get().Namespace(namespace).Resource("endpointslices").
+		VersionedParams(&opts, c.params).Do(ctx).Into(list)
+	if err != nil {
+		return nil, err
+	}
+	return list, nil
+}
+
+func (c *restSliceClient) Watch(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return c.rc.Get().Namespace(namespace).Resource("endpointslices").
+		VersionedParams(&opts, c.params).Watch(ctx)
 }
 
 // kubeRESTConfig returns the client configuration: credentials from
@@ -505,7 +557,7 @@ type watchResult struct {
 // routine expiry, nor for a stream ending. It does not count updates; the
 // merged provider does (see mergedProvider).
 type kubeWatcher struct {
-	client kubernetes.Interface
+	client sliceClient
 	log    *slog.Logger
 	errors prometheus.Counter
 	rand   func() float64 // jitter source in [0, 1)
@@ -522,7 +574,7 @@ type kubeWatcher struct {
 // newKubeWatcher returns the kubernetes provider on client. log is used as
 // given; the caller names the component. jitter returns a value in [0, 1);
 // it spreads the backoff delays and watch timeouts.
-func newKubeWatcher(client kubernetes.Interface, log *slog.Logger, m *metrics, jitter func() float64) *kubeWatcher {
+func newKubeWatcher(client sliceClient, log *slog.Logger, m *metrics, jitter func() float64) *kubeWatcher {
 	return &kubeWatcher{
 		client: client,
 		log:    log,
@@ -607,7 +659,7 @@ func (w *kubeWatcher) listUntilDone(ctx context.Context, out chan<- []string) bo
 func (w *kubeWatcher) list(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
-	list, err := w.client.DiscoveryV1().EndpointSlices(kubeServiceNamespace).List(ctx, metav1.ListOptions{
+	list, err := w.client.List(ctx, kubeServiceNamespace, metav1.ListOptions{
 		LabelSelector: kubeServiceSelector,
 	})
 	if err != nil {
@@ -630,7 +682,7 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, out chan<- []string, routin
 	timeoutSeconds := int64(timeout / time.Second)
 	ctx, cancel := context.WithTimeout(ctx, timeout+watchDeadlineGrace)
 	defer cancel()
-	watcher, err := w.client.DiscoveryV1().EndpointSlices(kubeServiceNamespace).Watch(ctx, metav1.ListOptions{
+	watcher, err := w.client.Watch(ctx, kubeServiceNamespace, metav1.ListOptions{
 		LabelSelector:       kubeServiceSelector,
 		ResourceVersion:     w.resourceVersion,
 		AllowWatchBookmarks: true,

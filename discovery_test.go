@@ -312,7 +312,7 @@ func startKube(t *testing.T, jitter float64) *kubeHarness {
 		}
 	})
 
-	w := newKubeWatcher(client, testLogger(t), h.m, func() float64 { return jitter })
+	w := newKubeWatcher(fakeSlices{client}, testLogger(t), h.m, func() float64 { return jitter })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.run(ctx, h.out) }()
@@ -1288,4 +1288,15 @@ func TestCacheProviderSupersededByKubernetes(t *testing.T) {
 		}
 		h.stop(t)
 	})
+}
+
+// fakeSlices is the sliceClient over client-go's fake clientset.
+type fakeSlices struct{ c *fake.Clientset }
+
+func (f fakeSlices) List(ctx context.Context, ns string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
+	return f.c.DiscoveryV1().EndpointSlices(ns).List(ctx, opts)
+}
+
+func (f fakeSlices) Watch(ctx context.Context, ns string, opts metav1.ListOptions) (watch.Interface, error) {
+	return f.c.DiscoveryV1().EndpointSlices(ns).Watch(ctx, opts)
 }

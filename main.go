@@ -121,6 +121,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"sync"
@@ -209,6 +210,30 @@ type daemon struct {
 	// seed is the endpoint list known before anything listens: the static
 	// endpoints and the cached ones.
 	seed []string
+	// released is when beat last returned freed memory to the kernel and
+	// how many connections had closed then; only the run loop uses it.
+	released memoryRelease
+}
+
+// Many closed connections leave their goroutine stacks and buffers free
+// inside the process: the runtime returns such memory only slowly, and only
+// after a collection, which an idle daemon may not run for two minutes. So
+// after releaseAfterCloses connections have closed, the next beat collects
+// and returns the memory at once, at most every releaseMinInterval.
+const (
+	releaseAfterCloses = 1000
+	releaseMinInterval = 30 * time.Second
+)
+
+type memoryRelease struct {
+	at     time.Time
+	closed uint64
+}
+
+// due reports whether memory should be released now, with closed
+// connections closed so far.
+func (r memoryRelease) due(now time.Time, closed uint64) bool {
+	return closed-r.closed >= releaseAfterCloses && now.Sub(r.at) >= releaseMinInterval
 }
 
 func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
@@ -445,6 +470,10 @@ func (d *daemon) cacheWriter(ctx context.Context, lists <-chan []string) {
 // in both cases /healthz fails once --liveness-threshold has passed.
 func (d *daemon) beat() {
 	d.pool.responsive()
+	if now, closed := time.Now(), d.proxy.closed.Load(); d.released.due(now, closed) {
+		d.released = memoryRelease{at: now, closed: closed}
+		debug.FreeOSMemory()
+	}
 	if stalled := d.proxy.acceptStalledFor(); stalled > 0 {
 		d.log.Warn("liveness beat skipped: accept failing", "for", stalled)
 		return

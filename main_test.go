@@ -437,3 +437,39 @@ func TestCacheWriterWritesDiscoveredLists(t *testing.T) {
 	cancel()
 	wg.Wait()
 }
+
+func TestMemoryReleaseDue(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	last := memoryRelease{at: t0, closed: 5000}
+	for _, tc := range []struct {
+		name   string
+		after  time.Duration
+		closed uint64
+		want   bool
+	}{
+		{"few closes", time.Hour, 5000 + releaseAfterCloses - 1, false},
+		{"enough closes", time.Hour, 5000 + releaseAfterCloses, true},
+		{"too soon", releaseMinInterval - time.Second, 5000 + 10*releaseAfterCloses, false},
+		{"just in time", releaseMinInterval, 5000 + releaseAfterCloses, true},
+	} {
+		if got := last.due(t0.Add(tc.after), tc.closed); got != tc.want {
+			t.Errorf("%s: due = %v; want %v", tc.name, got, tc.want)
+		}
+	}
+	if !(memoryRelease{}).due(time.Now(), releaseAfterCloses) {
+		t.Error("the first release is not due after enough closes")
+	}
+}
+
+func TestProxyCountsClosedConnections(t *testing.T) {
+	up := startUpstream(t, echo)
+	px := startProxy(t, poolConfig{}, up.addr, deadAddr(t))
+	for range 5 {
+		c := dialProxy(t, px.addr)
+		if err := roundTrip(c, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.Close()
+	}
+	waitFor(t, "5 closed connections", func() bool { return px.closed.Load() == 5 })
+}

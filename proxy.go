@@ -138,6 +138,8 @@ type proxy struct {
 
 	// stalledSince is when Accept started failing (UnixNano), 0 while it works.
 	stalledSince atomic.Int64
+	// closed counts client connections handled to the end.
+	closed atomic.Uint64
 }
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
@@ -159,9 +161,7 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 // listenTCP opens the proxy listener. Accepted connections inherit the
 // keepalive settings from the ListenConfig.
 func listenTCP(ctx context.Context, addr string) (net.Listener, error) {
-	lc := net.ListenConfig{
-		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle},
-	}
+	lc := listenConfig(net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9})
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
@@ -266,12 +266,9 @@ func (p *proxy) acceptStalledFor() time.Duration {
 
 // handle joins one client connection to an upstream and copies between them.
 func (p *proxy) handle(ctx context.Context, client net.Conn) {
+	defer p.closed.Add(1)
 	defer client.Close()
-	if tc, ok := client.(*net.TCPConn); ok {
-		if rc, err := tc.SyscallConn(); err == nil {
-			_ = setUserTimeout(rc, tcpUserTimeout) // best effort: keepalive still applies
-		}
-	}
+	prepareClient(client)
 	pc := &proxyConn{client: client}
 	u, err := p.connect(ctx, pc)
 	if err != nil {
@@ -291,6 +288,16 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 		// or TCP_USER_TIMEOUT, sooner while the upstream is suspect.
 		p.m.deadConnsClosed.Inc()
 		u.log.Debug("connection to vanished peer closed", "err", err)
+	}
+}
+
+// prepareClient sets TCP_USER_TIMEOUT on an accepted client socket, the one
+// setting it does not inherit from the listener (see listenTCP).
+func prepareClient(client net.Conn) {
+	if tc, ok := client.(*net.TCPConn); ok {
+		if rc, err := tc.SyscallConn(); err == nil {
+			_ = setUserTimeout(rc, tcpUserTimeout) // best effort: keepalive still applies
+		}
 	}
 }
 

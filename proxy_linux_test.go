@@ -222,6 +222,49 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 	check("after recovery", 30, 30000)
 }
 
+func TestClientSocketsGetKeepaliveAndUserTimeout(t *testing.T) {
+	ln, err := listenTCP(t.Context(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+			defer c.Close()
+			time.Sleep(time.Second)
+		}
+	}()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	prepareClient(c)
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keepalive int
+	_ = rc.Control(func(fd uintptr) { keepalive, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE) })
+	for _, o := range []struct {
+		name      string
+		opt, want int
+	}{
+		{"TCP_KEEPIDLE", unix.TCP_KEEPIDLE, 30},
+		{"TCP_KEEPINTVL", unix.TCP_KEEPINTVL, 15},
+		{"TCP_KEEPCNT", unix.TCP_KEEPCNT, 9},
+		{"TCP_USER_TIMEOUT", unix.TCP_USER_TIMEOUT, 30000},
+		{"TCP_NODELAY", unix.TCP_NODELAY, 1},
+	} {
+		if got := sockOpt(t, c, o.opt); got != o.want {
+			t.Errorf("accepted socket %s = %d; want %d", o.name, got, o.want)
+		}
+	}
+	if keepalive != 1 {
+		t.Errorf("accepted socket SO_KEEPALIVE = %d; want 1", keepalive)
+	}
+}
+
 // pipeFDs counts the pipe descriptors this process holds.
 func pipeFDs(t *testing.T) int {
 	t.Helper()

@@ -20,3 +20,9 @@ func copyStream(dst, src net.Conn) error {
 	_, err := io.Copy(dst, src)
 	return err
 }
+
+// listenConfig returns a ListenConfig whose accepted sockets have the
+// keepalive settings ka.
+func listenConfig(ka net.KeepAliveConfig) net.ListenConfig {
+	return net.ListenConfig{KeepAliveConfig: ka}
+}

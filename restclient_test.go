@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"testing"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+)
+
+// The bodies below are what kube-apiserver sends for these requests, in its
+// JSON wire format. The end-to-end tests run the same client against a real
+// API server; these pin the decoding of each kind of answer.
+const (
+	wireList = `{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1",
+"metadata":{"resourceVersion":"41"},
+"items":[{"metadata":{"name":"kubernetes","namespace":"default","labels":{"kubernetes.io/service-name":"kubernetes"}},
+"addressType":"IPv4","endpoints":[{"addresses":["192.0.2.11"],"conditions":{"ready":true}}],
+"ports":[{"name":"https","port":6443,"protocol":"TCP"}]}]}`
+	wireForbidden = `{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
+"message":"endpointslices.discovery.k8s.io is forbidden","reason":"Forbidden","code":403}`
+	wireWatch = `{"type":"ADDED","object":{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1",
+"metadata":{"name":"extra","namespace":"default","resourceVersion":"42"},"addressType":"IPv6",
+"endpoints":[{"addresses":["2001:db8::1"]}],"ports":[{"name":"https","port":443}]}}
+{"type":"BOOKMARK","object":{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1","metadata":{"resourceVersion":"50"}}}
+{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure",
+"message":"too old resource version: 41 (45)","reason":"Expired","code":410}}
+`
+)
+
+// apiRequest is what the test server saw of one request.
+type apiRequest struct {
+	path  string
+	query url.Values
+}
+
+func wireServer(t *testing.T, status int, body string) (*restSliceClient, <-chan apiRequest) {
+	t.Helper()
+	seen := make(chan apiRequest, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- apiRequest{path: r.URL.Path, query: r.URL.Query()}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, body)
+	}))
+	t.Cleanup(srv.Close)
+	c, err := newRESTSliceClient(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, seen
+}
+
+func TestRESTSliceClientList(t *testing.T) {
+	c, seen := wireServer(t, http.StatusOK, wireList)
+	list, err := c.List(context.Background(), "default", metav1.ListOptions{LabelSelector: kubeServiceSelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := <-seen
+	if want := "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"; req.path != want {
+		t.Errorf("path %s; want %s", req.path, want)
+	}
+	if got := req.query.Get("labelSelector"); got != kubeServiceSelector {
+		t.Errorf("labelSelector %q; want %q", got, kubeServiceSelector)
+	}
+	if list.ResourceVersion != "41" || len(list.Items) != 1 {
+		t.Fatalf("list: resourceVersion %q, %d items; want 41, 1", list.ResourceVersion, len(list.Items))
+	}
+	if got := endpointsOf(map[string]*discoveryv1.EndpointSlice{"s": &list.Items[0]}); fmt.Sprint(got) != "[192.0.2.11:6443]" {
+		t.Errorf("endpoints %v; want [192.0.2.11:6443]", got)
+	}
+}
+
+func TestRESTSliceClientListError(t *testing.T) {
+	c, _ := wireServer(t, http.StatusForbidden, wireForbidden)
+	_, err := c.List(context.Background(), "default", metav1.ListOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("error %v; want a Forbidden status error", err)
+	}
+}
+
+func TestRESTSliceClientWatch(t *testing.T) {
+	c, seen := wireServer(t, http.StatusOK, wireWatch)
+	timeout := int64(300)
+	w, err := c.Watch(context.Background(), "default", metav1.ListOptions{
+		LabelSelector: kubeServiceSelector, ResourceVersion: "41", AllowWatchBookmarks: true, TimeoutSeconds: &timeout,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	q := (<-seen).query
+	for key, want := range map[string]string{
+		"watch": "true", "resourceVersion": "41", "allowWatchBookmarks": "true",
+		"timeoutSeconds": "300", "labelSelector": kubeServiceSelector,
+	} {
+		if got := q.Get(key); got != want {
+			t.Errorf("query %s=%q; want %q", key, got, want)
+		}
+	}
+	events := readEvents(t, w, 3)
+	if es, ok := events[0].Object.(*discoveryv1.EndpointSlice); events[0].Type != watch.Added || !ok ||
+		fmt.Sprint(endpointsOf(map[string]*discoveryv1.EndpointSlice{"s": es})) != "[[2001:db8::1]:443]" {
+		t.Errorf("first event %v %#v; want ADDED of [2001:db8::1]:443", events[0].Type, events[0].Object)
+	}
+	if es, ok := events[1].Object.(*discoveryv1.EndpointSlice); events[1].Type != watch.Bookmark || !ok || es.ResourceVersion != "50" {
+		t.Errorf("second event %v %#v; want a BOOKMARK at 50", events[1].Type, events[1].Object)
+	}
+	if err := apierrors.FromObject(events[2].Object); events[2].Type != watch.Error || !apierrors.IsResourceExpired(err) {
+		t.Errorf("third event %v, error %v; want an ERROR that is 410 Expired", events[2].Type, err)
+	}
+}
+
+func readEvents(t *testing.T, w watch.Interface, n int) []watch.Event {
+	t.Helper()
+	var out []watch.Event
+	timeout := time.After(5 * time.Second)
+	for len(out) < n {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatalf("watch closed after %d events; want %d", len(out), n)
+			}
+			out = append(out, ev)
+		case <-timeout:
+			t.Fatalf("%d events after 5 s; want %d", len(out), n)
+		}
+	}
+	return out
+}
