@@ -244,33 +244,6 @@ func BenchmarkConnect(b *testing.B) {
 	}
 }
 
-// startBenchProxy is startProxy (proxy_test.go) for a benchmark: a proxy on
-// 127.0.0.1:0 in front of endpoints, with real TCP checks and dials.
-func startBenchProxy(b *testing.B, endpoints ...string) string {
-	b.Helper()
-	log := slog.New(slog.DiscardHandler)
-	m := newMetrics(prometheus.NewRegistry())
-	pl := newPool(log, m, poolConfig{interval: time.Hour, timeout: time.Second}, tcpCheck, randomSelector{})
-	px := newProxy(log, m, pl, 2*time.Second, 4096)
-	pl.update(endpoints)
-	ln, err := listenTCP(context.Background(), "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { px.serve(ctx, ln) })
-	b.Cleanup(func() {
-		cancel()
-		wg.Wait()
-		if err := px.shutdown(); err != nil {
-			b.Error(err)
-		}
-		pl.close()
-	})
-	return ln.Addr().String()
-}
-
 // echoConnOnce dials addr, echoes msg into buf and closes.
 func echoConnOnce(addr string, msg, buf []byte) error {
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
@@ -296,7 +269,7 @@ func BenchmarkLoopbackConnection(b *testing.B) {
 		addr func(*testing.B) string
 	}{
 		{"direct", func(*testing.B) string { return up.addr }},
-		{"proxied", func(b *testing.B) string { b.Helper(); return startBenchProxy(b, up.addr) }},
+		{"proxied", func(b *testing.B) string { b.Helper(); return startProxy(b, poolConfig{}, up.addr).addr }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			addr := bc.addr(b)

@@ -126,21 +126,28 @@ type testProxy struct {
 
 // startProxy runs a proxy on 127.0.0.1:0 in front of endpoints and stops it
 // at the end of the test.
-func startProxy(t *testing.T, cfg poolConfig, endpoints ...string) *testProxy {
+func startProxy(t testing.TB, cfg poolConfig, endpoints ...string) *testProxy {
 	t.Helper()
 	return startProxyDial(t, cfg, nil, endpoints...)
 }
 
 // startProxyDial is startProxy with the upstream dial wrapped by wrap.
-func startProxyDial(t *testing.T, cfg poolConfig, wrap func(dialFunc) dialFunc, endpoints ...string) *testProxy {
+func startProxyDial(t testing.TB, cfg poolConfig, wrap func(dialFunc) dialFunc, endpoints ...string) *testProxy {
 	t.Helper()
 	if cfg.interval == 0 {
 		cfg.interval, cfg.timeout = time.Hour, time.Second
 	}
+	return startProxyCheck(t, cfg, tcpCheck, wrap, endpoints...)
+}
+
+// startProxyCheck is startProxyDial with the pool's check function and
+// configuration exactly as given.
+func startProxyCheck(t testing.TB, cfg poolConfig, check checkFunc, wrap func(dialFunc) dialFunc, endpoints ...string) *testProxy {
+	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
-	pl := newPool(log, m, cfg, tcpCheck, randomSelector{})
+	pl := newPool(log, m, cfg, check, randomSelector{})
 	px := newProxy(log, m, pl, 2*time.Second, 4096)
 	if wrap != nil {
 		px.dial = wrap(px.dial)

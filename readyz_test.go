@@ -704,37 +704,6 @@ func TestReadyzProbeLeaksNothing(t *testing.T) {
 	}
 }
 
-// rzStartProxy is startProxyDial with a pool that runs check and cfg as
-// given: readyz tests need their own check function and readyz: true.
-func rzStartProxy(t *testing.T, cfg poolConfig, check checkFunc, wrap func(dialFunc) dialFunc, endpoints ...string) *testProxy {
-	t.Helper()
-	log := slog.New(slog.DiscardHandler)
-	reg := prometheus.NewRegistry()
-	m := newMetrics(reg)
-	pl := newPool(log, m, cfg, check, randomSelector{})
-	px := newProxy(log, m, pl, 2*time.Second, 4096)
-	if wrap != nil {
-		px.dial = wrap(px.dial)
-	}
-	pl.update(endpoints)
-	ln, err := listenTCP(context.Background(), "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { px.serve(ctx, ln) })
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-		if err := px.shutdown(); err != nil {
-			t.Error(err)
-		}
-		pl.close()
-	})
-	return &testProxy{proxy: px, addr: ln.Addr().String(), reg: reg, m: m}
-}
-
 // rzReadyGauge returns upstream_ready{upstream=addr} as the registry exports
 // it, and whether that series exists. It gathers instead of calling
 // WithLabelValues, which would create the series it is asked about.
@@ -936,7 +905,7 @@ func rzStartRig(t *testing.T, cfg poolConfig) *rzRig {
 	r.probes = rzNewProbeLog(r.pki.probe().check)
 	r.a = rzStartAPIServer(t, "A", r.pki.serving.pair)
 	r.b = rzStartAPIServer(t, "B", r.pki.serving.pair)
-	r.px = rzStartProxy(t, cfg, r.probes.run, nil, r.a.addr)
+	r.px = startProxyCheck(t, cfg, r.probes.run, nil, r.a.addr)
 	rzWaitReady(t, r.px, r.a.addr, 1)
 	r.onA = rzHold(t, r.px.addr, r.pki.ca.pool)
 	if who, err := r.onA.whoami(); err != nil || who != "A" {
@@ -989,7 +958,7 @@ func TestReadyzSelectionFollowsReadiness(t *testing.T) {
 	a := rzStartAPIServer(t, "A", pki.serving.pair)
 	b := rzStartAPIServer(t, "B", pki.serving.pair)
 	probes := rzNewProbeLog(pki.probe().check)
-	px := rzStartProxy(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: time.Second, readyz: true},
+	px := startProxyCheck(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: time.Second, readyz: true},
 		probes.run, nil, a.addr, b.addr)
 	rzWaitReady(t, px, a.addr, 1)
 	rzWaitReady(t, px, b.addr, 1)
@@ -1025,7 +994,7 @@ func TestReadyzFallbackToTCPHealthy(t *testing.T) {
 	b := rzStartAPIServer(t, "B", pki.serving.pair)
 	a.status.Store(http.StatusInternalServerError)
 	b.status.Store(http.StatusInternalServerError)
-	px := rzStartProxy(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: time.Second, readyz: true},
+	px := startProxyCheck(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: time.Second, readyz: true},
 		pki.probe().check, nil, a.addr, b.addr)
 	rzWaitReady(t, px, a.addr, 0)
 	rzWaitReady(t, px, b.addr, 0)
@@ -1154,7 +1123,7 @@ func TestReadyzConnectionReachingUnreadyUpstreamLaterIsClosed(t *testing.T) {
 		}
 	}
 	const drain = 500 * time.Millisecond
-	px := rzStartProxy(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true},
+	px := startProxyCheck(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true},
 		pki.probe().check, wrap, a.addr, b.addr)
 	rzWaitReady(t, px, a.addr, 1)
 	rzWaitReady(t, px, b.addr, 1)
@@ -1197,7 +1166,7 @@ func TestReadyzMetricOnlyAfterFirstProbe(t *testing.T) {
 			}
 			w.WriteHeader(http.StatusOK)
 		}))
-		px := rzStartProxy(t, poolConfig{interval: time.Minute, timeout: 5 * time.Second, drainTimeout: time.Second, readyz: true},
+		px := startProxyCheck(t, poolConfig{interval: time.Minute, timeout: 5 * time.Second, drainTimeout: time.Second, readyz: true},
 			pki.probe().check, nil, addr)
 		var once sync.Once
 		t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the proxy's cleanup
@@ -1215,7 +1184,7 @@ func TestReadyzMetricOnlyAfterFirstProbe(t *testing.T) {
 	t.Run("readyz, unreachable", func(t *testing.T) {
 		pki := rzNewPKI(t)
 		dead := deadAddr(t)
-		px := rzStartProxy(t, poolConfig{interval: 100 * time.Millisecond, timeout: 100 * time.Millisecond, drainTimeout: time.Second, readyz: true},
+		px := startProxyCheck(t, poolConfig{interval: 100 * time.Millisecond, timeout: 100 * time.Millisecond, drainTimeout: time.Second, readyz: true},
 			pki.probe().check, nil, dead)
 		waitFor(t, "two failed checks", func() bool {
 			return testutil.ToFloat64(px.m.healthStatus.WithLabelValues(dead)) == 0

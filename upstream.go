@@ -204,14 +204,8 @@ func (p *pool) startDrainLocked(u *upstream) {
 // drainWait force-closes what is left of u's connections when the drain
 // timeout expires, unless the drain ended first.
 func (p *pool) drainWait(u *upstream, done chan struct{}) {
-	t := time.NewTimer(p.cfg.drainTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
+	if !p.waitDrainTimeout(done) {
 		return
-	case <-p.ctx.Done():
-		return
-	case <-t.C:
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -221,6 +215,21 @@ func (p *pool) drainWait(u *upstream, done chan struct{}) {
 	u.log.Info("drain timeout expired, closing connections", "connections", len(u.conns))
 	p.removeLocked(u)
 	p.publishLocked()
+}
+
+// waitDrainTimeout waits --drain-timeout and reports whether it expired
+// before done closed or the pool shut down.
+func (p *pool) waitDrainTimeout(done <-chan struct{}) bool {
+	t := time.NewTimer(p.cfg.drainTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return false
+	case <-p.ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 func (p *pool) abortDrainLocked(u *upstream) {
@@ -508,14 +517,8 @@ func (p *pool) cancelEvictionLocked(u *upstream) {
 // evictWait closes u's connections when the drain timeout expires, unless
 // the eviction was called off first.
 func (p *pool) evictWait(u *upstream, done chan struct{}) {
-	t := time.NewTimer(p.cfg.drainTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
+	if !p.waitDrainTimeout(done) {
 		return
-	case <-p.ctx.Done():
-		return
-	case <-t.C:
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
