@@ -92,43 +92,45 @@ func copyStream(dst, src net.Conn) error {
 	if err != nil {
 		return fmt.Errorf("copy: %w", err)
 	}
+	var q queue
+	ready := q.ready // one closure per copy, not one per wait
 	lr := &io.LimitedReader{R: s}
 	for {
-		n, err := queued(rc)
-		if err != nil || n == 0 {
-			return err
+		if err := rc.Read(ready); err != nil {
+			return fmt.Errorf("copy: wait for data: %w", err)
 		}
-		lr.N = n
+		if q.err != nil {
+			return fmt.Errorf("copy: read: %w", q.err)
+		}
+		if q.n == 0 {
+			return nil // end of stream
+		}
+		lr.N = int64(q.n)
 		if _, err := d.ReadFrom(lr); err != nil {
 			return err
 		}
 	}
 }
 
-// queued waits until the socket has bytes queued, has ended or has failed,
-// and returns the number of bytes queued: 0 at the end of the stream. A
-// failed socket (reset, or timed out by keepalive or TCP_USER_TIMEOUT)
-// returns its error.
-func queued(rc syscall.RawConn) (int64, error) {
-	var n int
-	var serr error
-	err := rc.Read(func(fd uintptr) bool {
-		n, serr = queuedNow(int(fd))
-		return !errors.Is(serr, unix.EAGAIN)
-	})
-	if err != nil {
-		return 0, fmt.Errorf("copy: wait for data: %w", err)
-	}
-	if serr != nil {
-		return 0, fmt.Errorf("copy: read: %w", serr)
-	}
-	return int64(n), nil
+// queue is what a wait for input found on a socket: n bytes queued (0 at
+// the end of the stream), or the error that failed the socket (reset, or
+// timed out by keepalive or TCP_USER_TIMEOUT).
+type queue struct {
+	n    int
+	err  error
+	peek [1]byte
+}
+
+// ready is the syscall.RawConn.Read callback: it reports false, to wait
+// for the poller, while nothing is queued and the stream goes on.
+func (q *queue) ready(fd uintptr) bool {
+	q.n, q.err = queuedNow(int(fd), q.peek[:])
+	return !errors.Is(q.err, unix.EAGAIN)
 }
 
 // queuedNow returns the bytes queued on fd without waiting: EAGAIN when
 // none are and the stream goes on, 0 at its end.
-func queuedNow(fd int) (int, error) {
-	var peek [1]byte
+func queuedNow(fd int, peek []byte) (int, error) {
 	for {
 		n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
 		if err != nil || n > 0 {
@@ -136,7 +138,7 @@ func queuedNow(fd int) (int, error) {
 		}
 		// Nothing queued: peek to tell an idle stream from an ended or
 		// failed one (SIOCINQ reports neither).
-		m, _, err := unix.Recvfrom(fd, peek[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		m, _, err := unix.Recvfrom(fd, peek, unix.MSG_PEEK|unix.MSG_DONTWAIT)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
