@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -152,27 +151,10 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 	}
 	return &proxy{
 		log: log, m: m, pool: pl,
-		dial:        literalDialer(d),
+		dial:        d.DialContext,
 		dialTimeout: dialTimeout,
 		hedge:       true,
 		slots:       make(chan struct{}, max(maxConns, 1)),
-	}
-}
-
-// literalDialer dials an IP:port endpoint without the resolver's parsing
-// and allocations, which are a measurable share of a short connection's
-// cost; a host name still goes through d.DialContext.
-func literalDialer(d *net.Dialer) dialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		ap, err := netip.ParseAddrPort(addr)
-		if err != nil {
-			return d.DialContext(ctx, network, addr)
-		}
-		c, err := d.DialTCP(ctx, network, netip.AddrPort{}, ap)
-		if err != nil {
-			return nil, err // not a typed nil in the interface
-		}
-		return c, nil
 	}
 }
 
