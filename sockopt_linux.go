@@ -96,6 +96,7 @@ func copyStream(dst, src net.Conn) error {
 	ready := q.ready // one closure per copy, not one per wait
 	lr := &io.LimitedReader{R: s}
 	for {
+		q.woken = false
 		if err := rc.Read(ready); err != nil {
 			return fmt.Errorf("copy: wait for data: %w", err)
 		}
@@ -116,28 +117,33 @@ func copyStream(dst, src net.Conn) error {
 // the end of the stream), or the error that failed the socket (reset, or
 // timed out by keepalive or TCP_USER_TIMEOUT).
 type queue struct {
-	n    int
-	err  error
-	peek [1]byte
+	n     int
+	err   error
+	woken bool // the poller has reported input since the wait began
+	peek  [1]byte
 }
 
 // ready is the syscall.RawConn.Read callback: it reports false, to wait
 // for the poller, while nothing is queued and the stream goes on.
 func (q *queue) ready(fd uintptr) bool {
-	q.n, q.err = queuedNow(int(fd), q.peek[:])
+	q.n, q.err = queuedNow(int(fd), q.peek[:], q.woken)
+	q.woken = true
 	return !errors.Is(q.err, unix.EAGAIN)
 }
 
 // queuedNow returns the bytes queued on fd without waiting: EAGAIN when
-// none are and the stream goes on, 0 at its end.
-func queuedNow(fd int, peek []byte) (int, error) {
+// none are and the stream goes on, 0 at its end. countFirst asks SIOCINQ
+// first, as bytes are likely there once the poller reported input; before
+// a wait a peek alone tells the usual case, an idle stream, in one call.
+// (SIOCINQ tells neither an ended nor a failed stream from an idle one.)
+func queuedNow(fd int, peek []byte, countFirst bool) (int, error) {
 	for {
-		n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
-		if err != nil || n > 0 {
-			return n, err
+		if countFirst {
+			n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+			if err != nil || n > 0 {
+				return n, err
+			}
 		}
-		// Nothing queued: peek to tell an idle stream from an ended or
-		// failed one (SIOCINQ reports neither).
 		m, _, err := unix.Recvfrom(fd, peek, unix.MSG_PEEK|unix.MSG_DONTWAIT)
 		switch {
 		case errors.Is(err, unix.EINTR):
@@ -147,6 +153,6 @@ func queuedNow(fd int, peek []byte) (int, error) {
 		case m == 0:
 			return 0, nil
 		}
-		// A byte arrived between the two calls: count again.
+		countFirst = true // bytes are queued: count them
 	}
 }

@@ -288,14 +288,14 @@ func raiseNofile() int {
 }
 
 // fitIdle lowers the idle connection count to what the open-files limit
-// allows: extractedprism needs 6 descriptors per connection and keeps 256
+// allows: extractedprism counts 4 descriptors per connection and keeps 256
 // in reserve; this process holds both the client and the upstream end.
 func (b *bench) fitIdle(nofile int) {
-	fit := min((nofile-256)/6-50, (nofile-200)/2)
+	fit := min((nofile-256)/4-50, (nofile-200)/2)
 	if b.cfg.idleConns <= fit {
 		return
 	}
-	b.note = append(b.note, fmt.Sprintf("The idle scenario held %s connections, not the %s asked for: the open-files limit here is %s and cannot be raised (`ulimit -n 1048576` failed: the sandbox lacks CAP_SYS_RESOURCE), and extractedprism needs 6 descriptors per connection plus a reserve of 256. Per-connection figures do not depend on the count.",
+	b.note = append(b.note, fmt.Sprintf("The idle scenario held %s connections, not the %s asked for: the open-files limit here is %s and cannot be raised (`ulimit -n 1048576` failed: the sandbox lacks CAP_SYS_RESOURCE), and extractedprism counts 4 descriptors per connection plus a reserve of 256. Per-connection figures do not depend on the count.",
 		fmtNum(float64(fit), 0), fmtNum(float64(b.cfg.idleConns), 0), fmtNum(float64(nofile), 0)))
 	log.Printf("open-files limit %d: idle connections lowered from %d to %d", nofile, b.cfg.idleConns, fit)
 	b.cfg.idleConns = fit

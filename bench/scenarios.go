@@ -386,13 +386,13 @@ func (b *bench) idleScenario() error {
 		b.addTarget("Memory returned after close (≥ 75 % of the growth)", fmt.Sprintf("%s %% returned after %s", fmtNum(ret, 0), b.cfg.settle), ret >= 75)
 		fdper, pipes := s.med(sysEP, "fdper"), s.med(sysEP, "pipeper")
 		verdict := "confirmed"
-		if math.Abs(fdper-6) > 0.1 {
+		if math.Abs(fdper-2) > 0.1 {
 			verdict = "NOT confirmed"
 		}
-		b.note = append(b.note, fmt.Sprintf("Descriptors: extractedprism holds %s descriptors per idle connection (%s sockets, %s pipe ends: one splice pipe per direction, held while each copy waits), so the 6 per connection that proxy.go's fdsPerConn assumes is %s. Descriptor kinds before → during: %s. HAProxy and nginx hold 2 (the two sockets).",
+		b.note = append(b.note, fmt.Sprintf("Descriptors: extractedprism holds %s descriptors per idle connection (%s sockets, %s pipe ends), so the claim that an idle connection holds only its two sockets (splice pipes are borrowed while bytes move) is %s. Descriptor kinds before → during: %s. HAProxy and nginx hold 2 (the two sockets).",
 			fmtNum(fdper, 2), fmtNum(s.med(sysEP, "sockper"), 2), fmtNum(pipes, 2), verdict, kindsSeen[sysEP]))
 		if left := s.med(sysEP, "fd2"); left > 100 {
-			b.note = append(b.note, fmt.Sprintf("After the idle connections closed, extractedprism still held %s more descriptors than before, for %s: the splice pipes go back to Go's internal pipe pool (a sync.Pool) and are only closed by finalizers after two garbage collections, which an idle process may not run for minutes (the runtime forces one every 2 min).",
+			b.note = append(b.note, fmt.Sprintf("After the idle connections closed, extractedprism still held %s more descriptors than before, for %s.",
 				fmtNum(left, 0), b.cfg.settle))
 		}
 	}
