@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -120,8 +119,9 @@ func (pc *proxyConn) close() {
 
 type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 
-// proxy is the TCP data path: the accept loop and one goroutine per client
-// connection, all owned by serve and waited for by shutdown.
+// proxy is the TCP data path: the accept loop, one goroutine per client
+// connection while it dials, then one per direction while it copies, all
+// owned by serve and waited for by shutdown.
 type proxy struct {
 	log         *slog.Logger
 	m           *metrics
@@ -216,10 +216,7 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 		if backoff != 0 {
 			backoff = p.acceptRecovered(ln)
 		}
-		p.wg.Go(func() {
-			defer func() { <-p.slots }()
-			p.handle(ctx, c)
-		})
+		p.wg.Go(func() { p.handle(ctx, c) }) // it gives the slot back
 	}
 }
 
@@ -264,31 +261,68 @@ func (p *proxy) acceptStalledFor() time.Duration {
 	return time.Since(time.Unix(0, since))
 }
 
-// handle joins one client connection to an upstream and copies between them.
+// handle joins one client connection to an upstream and starts the two
+// copy goroutines, which end the connection and give its slot back. It
+// returns as soon as they run: its stack grew while dialing, and an idle
+// connection should only keep the two small stacks of its copies.
 func (p *proxy) handle(ctx context.Context, client net.Conn) {
-	defer p.closed.Add(1)
-	defer client.Close()
 	prepareClient(client)
 	pc := &proxyConn{client: client}
 	u, err := p.connect(ctx, pc)
 	if err != nil {
 		p.log.Debug("client connection closed without upstream", "client", client.RemoteAddr().String(), "err", err)
+		p.end(nil, pc)
 		return
 	}
-	defer p.pool.detach(u, pc)
-	defer pc.upstream.Close()
 	if ctx.Err() != nil {
-		return // shutdown raced the dial; the connection must not outlive it
+		p.end(u, pc) // shutdown raced the dial; the connection must not outlive it
+		return
 	}
 	p.m.connectionsTotal.Inc()
 	p.m.connectionsActive.Inc()
-	defer p.m.connectionsActive.Dec()
-	if err := pipe(client, pc.upstream); errors.Is(err, syscall.ETIMEDOUT) {
+	s := &session{p: p, u: u, pc: pc}
+	s.running.Store(2)
+	p.wg.Go(func() { s.copy(pc.upstream, pc.client) })
+	p.wg.Go(func() { s.copy(pc.client, pc.upstream) })
+}
+
+// end closes a client connection that is over and gives its slot back.
+// u is the upstream pc is attached to, nil if none.
+func (p *proxy) end(u *upstream, pc *proxyConn) {
+	if u != nil {
+		_ = pc.upstream.Close()
+		p.pool.detach(u, pc)
+	}
+	_ = pc.client.Close()
+	p.closed.Add(1)
+	<-p.slots
+}
+
+// session is one proxied connection while its two directions copy.
+type session struct {
+	p        *proxy
+	u        *upstream
+	pc       *proxyConn
+	running  atomic.Int32 // directions still copying
+	timedOut atomic.Bool  // a direction ended with ETIMEDOUT
+}
+
+// copy copies one direction; the last direction to finish ends the
+// connection.
+func (s *session) copy(dst, src net.Conn) {
+	if err := copyHalf(dst, src); errors.Is(err, syscall.ETIMEDOUT) {
 		// The kernel gave up on a peer that stopped answering: keepalive
 		// or TCP_USER_TIMEOUT, sooner while the upstream is suspect.
-		p.m.deadConnsClosed.Inc()
-		u.log.Debug("connection to vanished peer closed", "err", err)
+		if !s.timedOut.Swap(true) {
+			s.p.m.deadConnsClosed.Inc()
+			s.u.log.Debug("connection to vanished peer closed", "err", err)
+		}
 	}
+	if s.running.Add(-1) > 0 {
+		return
+	}
+	s.p.m.connectionsActive.Dec()
+	s.p.end(s.u, s.pc)
 }
 
 // prepareClient sets TCP_USER_TIMEOUT on an accepted client socket, the one
@@ -494,21 +528,6 @@ func (p *proxy) shutdown() error {
 	case <-time.After(timeout):
 		return fmt.Errorf("proxy goroutines still running after %s", timeout)
 	}
-}
-
-// pipe copies both ways until both directions have finished and returns
-// the first error either direction met.
-func pipe(client, upstream net.Conn) error {
-	errc := make(chan error, 1)
-	go copyHalfInto(errc, upstream, client)
-	err := copyHalf(client, upstream)
-	return cmp.Or(err, <-errc)
-}
-
-// copyHalfInto is the goroutine that copies client to upstream; pipe waits
-// for its result on errc.
-func copyHalfInto(errc chan<- error, dst, src net.Conn) {
-	errc <- copyHalf(dst, src)
 }
 
 // copyHalf copies src to dst. A clean end of src is passed on as a

@@ -316,3 +316,23 @@ func TestIdleConnectionsHoldNoSplicePipes(t *testing.T) {
 		t.Errorf("active connections %v; want %d", testutil.ToFloat64(got), conns)
 	}
 }
+
+// TestIdleConnectionsKeepOnlyCopyGoroutines checks that an idle proxied
+// connection keeps only its two copy goroutines: the goroutine that dialed,
+// whose stack grew on the way, has returned.
+func TestIdleConnectionsKeepOnlyCopyGoroutines(t *testing.T) {
+	up := startUpstream(t, exhEcho)
+	px := startProxy(t, poolConfig{}, up.addr)
+	const conns = 20
+	for range conns {
+		if err := roundTrip(dialProxy(t, px.addr), []byte("idle")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "only the copy goroutines", func() bool {
+		buf := make([]byte, 4<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		return strings.Count(stacks, "(*proxy).handle(") == 0 &&
+			strings.Count(stacks, "(*session).copy(") == 2*conns
+	})
+}

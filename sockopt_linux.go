@@ -119,7 +119,7 @@ func copyStream(dst, src net.Conn) error {
 type queue struct {
 	n     int
 	err   error
-	woken bool // the poller has reported input since the wait began
+	woken bool // ready ran before in this wait, so the poller reported input since
 	peek  [1]byte
 }
 
