@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"testing"
@@ -66,8 +67,12 @@ func TestTwoNodesTalkAndBlackHole(t *testing.T) {
 	defer cancel2()
 	start := time.Now()
 	_, err = a.DialContext(ctx2, "tcp", "192.0.2.102:9000")
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("dial to a black-holed node: got %v after %s; want a timeout, not a fast error", err, time.Since(start))
+	// The dial ends with the context's error or with the socket deadline
+	// net derives from it ("i/o timeout"), whichever fires first.
+	var ne net.Error
+	timedOut := errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	if took := time.Since(start); !timedOut || took < time.Second {
+		t.Errorf("dial to a black-holed node: got %v after %s; want a timeout, not a fast error", err, took)
 	}
 	if err := n.SetLink("b", true); err != nil {
 		t.Fatal(err)
