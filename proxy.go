@@ -532,8 +532,8 @@ func (p *proxy) shutdown() error {
 
 // copyHalf copies src to dst. A clean end of src is passed on as a
 // half-close of dst; an error tears down both sockets so the other direction
-// ends too. Between two *net.TCPConn the copy uses splice(2): the bytes never
-// enter user space, which is why neither side is wrapped in anything.
+// ends too. Neither side is wrapped in anything: copyStream needs the
+// *net.TCPConn itself to wait on it and to splice.
 func copyHalf(dst, src net.Conn) error {
 	if err := copyStream(dst, src); err != nil {
 		_ = dst.Close()

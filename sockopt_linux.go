@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"syscall"
 	"time"
 
@@ -75,12 +76,15 @@ func openFilesLimit() uint64 {
 }
 
 // copyStream copies src to dst until src ends. Between two TCP sockets it
-// waits for bytes without holding anything but the sockets, then moves
-// exactly the bytes queued with splice(2). Go's splice borrows a pipe (two
-// descriptors) from a pool for one call and keeps it while the call waits
-// for more input, so a plain io.Copy would pin two pipes to every idle
-// connection. When no pipe can be had (descriptors exhausted), Go copies
-// through user space instead.
+// waits for input holding nothing but the sockets, so an idle connection
+// pins no buffer and no pipe. A burst of input is read into a pooled
+// buffer and written out: one system call each, cheaper than two splices
+// for the small messages of API traffic. A burst that fills the buffer
+// switches to splice(2) for what is queued, so bulk bytes never enter user
+// space; Go's splice borrows a pipe (two descriptors) from a pool for one
+// call, and copies through user space instead when no pipe can be had.
+// (A plain io.Copy would splice too, but keeps a pipe per direction for
+// the life of the connection.)
 func copyStream(dst, src net.Conn) error {
 	d, dok := dst.(*net.TCPConn)
 	s, sok := src.(*net.TCPConn)
@@ -92,43 +96,123 @@ func copyStream(dst, src net.Conn) error {
 	if err != nil {
 		return fmt.Errorf("copy: %w", err)
 	}
-	var q queue
-	ready := q.ready // one closure per copy, not one per wait
-	lr := &io.LimitedReader{R: s}
+	c := &streamCopy{rc: rc, dst: d, lr: &io.LimitedReader{R: s}}
+	c.readFn, c.countFn = c.read, c.count // one closure each per copy, not per wait
 	for {
-		q.woken = false
-		if err := rc.Read(ready); err != nil {
-			return fmt.Errorf("copy: wait for data: %w", err)
+		var n int
+		var err error
+		if c.bulk {
+			n, err = c.splice()
+		} else {
+			n, err = c.readWrite()
 		}
-		if q.err != nil {
-			return fmt.Errorf("copy: read: %w", q.err)
-		}
-		if q.n == 0 {
-			return nil // end of stream
-		}
-		lr.N = int64(q.n)
-		if _, err := d.ReadFrom(lr); err != nil {
+		if err != nil || n == 0 {
 			return err
 		}
 	}
 }
 
-// queue is what a wait for input found on a socket: n bytes queued (0 at
-// the end of the stream), or the error that failed the socket (reset, or
-// timed out by keepalive or TCP_USER_TIMEOUT).
-type queue struct {
+// smallCopy is the size of the read buffer; see copyStream.
+const smallCopy = 16 << 10
+
+var smallBufs = sync.Pool{New: func() any { b := make([]byte, smallCopy); return &b }}
+
+// streamCopy is the state of one direction of copyStream.
+type streamCopy struct {
+	rc      syscall.RawConn // the source
+	dst     *net.TCPConn
+	lr      *io.LimitedReader // the source, limited to what is queued
+	readFn  func(uintptr) bool
+	countFn func(uintptr) bool
+	bulk    bool // the last burst filled the buffer: splice what is queued
+
+	// Results of the RawConn.Read callbacks.
 	n     int
 	err   error
-	woken bool // ready ran before in this wait, so the poller reported input since
+	buf   *[]byte // pooled; held only from a read that got bytes until they are written
+	woken bool    // count ran before in this wait, so the poller reported input since
 	peek  [1]byte
 }
 
-// ready is the syscall.RawConn.Read callback: it reports false, to wait
+// readWrite waits for a burst of input, reads it and writes it to dst. It
+// returns the bytes moved, 0 at the end of the stream.
+func (c *streamCopy) readWrite() (int, error) {
+	err := c.rc.Read(c.readFn)
+	defer c.release()
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("copy: wait for data: %w", err)
+	case c.err != nil:
+		return 0, fmt.Errorf("copy: read: %w", c.err)
+	case c.n == 0:
+		return 0, nil
+	}
+	if _, err := c.dst.Write((*c.buf)[:c.n]); err != nil {
+		return 0, err
+	}
+	c.bulk = c.n == smallCopy
+	return c.n, nil
+}
+
+// read is the RawConn.Read callback of readWrite: it reads into a pooled
+// buffer, which it gives back while nothing is queued.
+func (c *streamCopy) read(fd uintptr) bool {
+	if c.buf == nil {
+		b, ok := smallBufs.Get().(*[]byte)
+		if !ok { // the pool holds nothing else
+			nb := make([]byte, smallCopy)
+			b = &nb
+		}
+		c.buf = b
+	}
+	for {
+		n, err := unix.Read(int(fd), *c.buf)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			c.release()
+			return false
+		}
+		c.n, c.err = max(n, 0), err
+		return true
+	}
+}
+
+func (c *streamCopy) release() {
+	if c.buf != nil {
+		smallBufs.Put(c.buf)
+		c.buf = nil
+	}
+}
+
+// splice waits until input is queued and splices exactly that much to dst.
+// It returns the bytes moved, 0 at the end of the stream.
+func (c *streamCopy) splice() (int, error) {
+	c.woken = false
+	switch err := c.rc.Read(c.countFn); {
+	case err != nil:
+		return 0, fmt.Errorf("copy: wait for data: %w", err)
+	case c.err != nil:
+		return 0, fmt.Errorf("copy: read: %w", c.err)
+	case c.n == 0:
+		return 0, nil
+	}
+	c.lr.N = int64(c.n)
+	n, err := c.dst.ReadFrom(c.lr)
+	c.bulk = n >= smallCopy
+	if err == nil && n == 0 {
+		err = io.ErrNoProgress // cannot happen: c.n bytes were queued
+	}
+	return int(n), err
+}
+
+// count is the RawConn.Read callback of splice: it reports false, to wait
 // for the poller, while nothing is queued and the stream goes on.
-func (q *queue) ready(fd uintptr) bool {
-	q.n, q.err = queuedNow(int(fd), q.peek[:], q.woken)
-	q.woken = true
-	return !errors.Is(q.err, unix.EAGAIN)
+func (c *streamCopy) count(fd uintptr) bool {
+	c.n, c.err = queuedNow(int(fd), c.peek[:], c.woken)
+	c.woken = true
+	return !errors.Is(c.err, unix.EAGAIN)
 }
 
 // queuedNow returns the bytes queued on fd without waiting: EAGAIN when
