@@ -137,21 +137,28 @@ type streamCopy struct {
 // readWrite waits for a burst of input, reads it and writes it to dst. It
 // returns the bytes moved, 0 at the end of the stream.
 func (c *streamCopy) readWrite() (int, error) {
-	err := c.rc.Read(c.readFn)
+	more, err := c.wait(c.readFn)
 	defer c.release()
-	switch {
-	case err != nil:
-		return 0, fmt.Errorf("copy: wait for data: %w", err)
-	case c.err != nil:
-		return 0, fmt.Errorf("copy: read: %w", c.err)
-	case c.n == 0:
-		return 0, nil
+	if !more {
+		return 0, err
 	}
 	if _, err := c.dst.Write((*c.buf)[:c.n]); err != nil {
 		return 0, err
 	}
 	c.bulk = c.n == smallCopy
 	return c.n, nil
+}
+
+// wait runs the callback fn under the poller until input is there, and
+// reports whether bytes came: false at the end of the stream or on error.
+func (c *streamCopy) wait(fn func(uintptr) bool) (bool, error) {
+	if err := c.rc.Read(fn); err != nil {
+		return false, fmt.Errorf("copy: wait for data: %w", err)
+	}
+	if c.err != nil {
+		return false, fmt.Errorf("copy: read: %w", c.err)
+	}
+	return c.n > 0, nil
 }
 
 // read is the RawConn.Read callback of readWrite: it reads into a pooled
@@ -190,13 +197,8 @@ func (c *streamCopy) release() {
 // It returns the bytes moved, 0 at the end of the stream.
 func (c *streamCopy) splice() (int, error) {
 	c.woken = false
-	switch err := c.rc.Read(c.countFn); {
-	case err != nil:
-		return 0, fmt.Errorf("copy: wait for data: %w", err)
-	case c.err != nil:
-		return 0, fmt.Errorf("copy: read: %w", c.err)
-	case c.n == 0:
-		return 0, nil
+	if more, err := c.wait(c.countFn); !more {
+		return 0, err
 	}
 	c.lr.N = int64(c.n)
 	n, err := c.dst.ReadFrom(c.lr)
