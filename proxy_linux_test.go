@@ -19,22 +19,6 @@ import (
 
 func errEMFILE() error { return syscall.EMFILE }
 
-// fillDescriptors opens /dev/null until the process is out of descriptors
-// and returns the files it opened.
-func fillDescriptors(t *testing.T) []*os.File {
-	t.Helper()
-	var held []*os.File
-	for range 100000 {
-		f, err := os.Open(os.DevNull)
-		if err != nil {
-			return held
-		}
-		held = append(held, f)
-	}
-	t.Fatal("never ran out of descriptors")
-	return nil
-}
-
 func TestProxySurvivesDescriptorExhaustion(t *testing.T) {
 	up := startUpstream(t, echo)
 	px := startProxy(t, poolConfig{}, up.addr)
@@ -57,7 +41,7 @@ func TestProxySurvivesDescriptorExhaustion(t *testing.T) {
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatal(err)
 	}
-	held := fillDescriptors(t)
+	held := exhFill(t, nil)
 	release := func() {
 		for _, f := range held {
 			_ = f.Close()
