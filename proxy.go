@@ -310,7 +310,20 @@ type session struct {
 // copy copies one direction; the last direction to finish ends the
 // connection.
 func (s *session) copy(dst, src net.Conn) {
-	if err := copyHalf(dst, src); errors.Is(err, syscall.ETIMEDOUT) {
+	if err := copyHalf(dst, src); err != nil {
+		s.failed(err)
+	}
+	if s.running.Add(-1) > 0 {
+		return
+	}
+	s.p.m.connectionsActive.Dec()
+	s.p.end(s.u, s.pc)
+}
+
+// failed notes why a copy ended in err. (It is a function of its own to
+// keep copy's frame small; see smallCopy.)
+func (s *session) failed(err error) {
+	if errors.Is(err, syscall.ETIMEDOUT) {
 		// The kernel gave up on a peer that stopped answering: keepalive
 		// or TCP_USER_TIMEOUT, sooner while the upstream is suspect.
 		if !s.timedOut.Swap(true) {
@@ -318,11 +331,6 @@ func (s *session) copy(dst, src net.Conn) {
 			s.u.log.Debug("connection to vanished peer closed", "err", err)
 		}
 	}
-	if s.running.Add(-1) > 0 {
-		return
-	}
-	s.p.m.connectionsActive.Dec()
-	s.p.end(s.u, s.pc)
 }
 
 // prepareClient sets TCP_USER_TIMEOUT on an accepted client socket, the one
@@ -540,11 +548,7 @@ func copyHalf(dst, src net.Conn) error {
 		_ = src.Close()
 		return err
 	}
-	if cw, ok := dst.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	} else {
-		_ = dst.Close()
-	}
+	closeWrite(dst)
 	return nil
 }
 

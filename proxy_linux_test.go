@@ -320,3 +320,79 @@ func TestIdleConnectionsKeepOnlyCopyGoroutines(t *testing.T) {
 			strings.Count(stacks, "(*session).copy(") == 2*conns
 	})
 }
+
+// TestIdleCopyStacksStaySmall checks that the copy goroutines of a
+// connection that has carried a small message each way still run on the
+// runtime's smallest (2 KiB) stacks. Everything a copy goroutine calls in
+// that state must fit in the stack's room above its guard, about 1.1 KiB: a
+// stack that once grows to 4 KiB stays 4 KiB while the connection is idle,
+// which adds 4 KiB to every idle connection. The race detector's
+// instrumentation grows every stack, so this runs without it (.ci/run runs
+// it that way).
+func TestIdleCopyStacksStaySmall(t *testing.T) {
+	if testRaceEnabled() {
+		t.Skip("the race detector's instrumentation makes every stack larger")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The upstream sends one byte on each connection and keeps it, with no
+	// goroutine per connection, so that the proxy's are the only new stacks.
+	var held []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+			_, _ = c.Write([]byte{1})
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	px := startProxy(t, poolConfig{}, ln.Addr().String())
+	const conns = 1024
+	stacks0, goroutines0 := settledStacks()
+	for i := range conns {
+		if i%16 == 0 {
+			// A collection empties caches such as a sync.Pool; a copy
+			// goroutine that then allocates deep in its stack grows it.
+			runtime.GC()
+		}
+		c := dialProxy(t, px.addr)
+		if _, err := c.Write([]byte{2}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "every connection's copy goroutines", func() bool {
+		return testutil.ToFloat64(px.m.connectionsActive) == conns
+	})
+	stacks1, goroutines1 := settledStacks()
+	perGoroutine := float64(stacks1-stacks0) / float64(goroutines1-goroutines0)
+	t.Logf("%d connections: %d more goroutines, %.0f bytes of stack each", conns, goroutines1-goroutines0, perGoroutine)
+	if perGoroutine > 2<<10+128 {
+		t.Errorf("idle copy goroutines use %.0f bytes of stack each; want 2 KiB", perGoroutine)
+	}
+}
+
+// settledStacks collects garbage and returns the bytes of stack in use and
+// the number of goroutines.
+func settledStacks() (uint64, int) {
+	time.Sleep(100 * time.Millisecond) // let finished goroutines exit
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.StackInuse, runtime.NumGoroutine()
+}

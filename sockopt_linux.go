@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -85,6 +86,20 @@ func openFilesLimit() uint64 {
 // call, and copies through user space instead when no pipe can be had.
 // (A plain io.Copy would splice too, but keeps a pipe per direction for
 // the life of the connection.)
+//
+// The reads and writes of small bursts, and the half-close at the end of a
+// stream (closeWrite), call the kernel with unix.RawSyscall rather than
+// through package syscall (or net, which uses it). Those tell Go's
+// scheduler that the thread may block, and a call still running when the
+// scheduler's monitor next looks (every 20 µs while the process is busy)
+// has the thread's P handed to another thread. A write to a socket on the
+// same host runs the receiving side's TCP stack inline and often takes that
+// long, so on one CPU (GOMAXPROCS=1: a CPU limit or taskset) a 64-byte
+// round trip cost four to five thread switches instead of two, and twice
+// the CPU time. The sockets are non-blocking, so these calls return at
+// once, with EAGAIN instead of waiting: the scheduler need not know about
+// them. The buffers they are given are live heap slices, which Go does not
+// move.
 func copyStream(dst, src net.Conn) error {
 	d, dok := dst.(*net.TCPConn)
 	s, sok := src.(*net.TCPConn)
@@ -92,12 +107,99 @@ func copyStream(dst, src net.Conn) error {
 		_, err := io.Copy(dst, src)
 		return err
 	}
-	rc, err := s.SyscallConn()
+	c, err := newStreamCopy(d, s)
 	if err != nil {
-		return fmt.Errorf("copy: %w", err)
+		return err
 	}
-	c := &streamCopy{rc: rc, dst: d, lr: &io.LimitedReader{R: s}}
-	c.readFn, c.countFn = c.read, c.count // one closure each per copy, not per wait
+	return c.run()
+}
+
+func newStreamCopy(dst, src *net.TCPConn) (*streamCopy, error) {
+	rc, err := src.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("copy: %w", err)
+	}
+	wrc, err := dst.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("copy: %w", err)
+	}
+	c := &streamCopy{rc: rc, wrc: wrc, dst: dst, lr: &io.LimitedReader{R: src}}
+	// One closure each per copy, not per call.
+	c.readFn, c.countFn, c.sendFn = c.read, c.count, c.send
+	return c, nil
+}
+
+// smallCopy is the size of the read buffer; see copyStream.
+//
+// An idle connection's copy goroutines keep the runtime's smallest stacks
+// (2 KiB) only if nothing they call between bursts grows them: the frames
+// from the goroutine's start down to the read and write system calls must
+// fit in about 1.1 KiB, as a stack once grown stays grown while it waits.
+// Hence the small frames on that path: run apart from copyStream, the
+// rare error handling apart from session.copy, no errors.Is in read, and
+// no allocation below run (see readBufs).
+// TestIdleCopyStacksStaySmall checks it.
+const smallCopy = 16 << 10
+
+// readBufs holds read buffers between bursts. Unlike a sync.Pool, which
+// allocates when it is first used after a collection, taking a buffer or
+// giving one back never allocates, so it is safe deep in a copy goroutine's
+// stack (see smallCopy). Buffers given back beyond its capacity are left to
+// the collector; an empty list makes run allocate one.
+var readBufs = freeList{bufs: make([]*[]byte, 0, 32)}
+
+type freeList struct {
+	mu   sync.Mutex
+	bufs []*[]byte
+}
+
+// get takes a buffer from the list, nil if it is empty.
+func (l *freeList) get() *[]byte {
+	var b *[]byte
+	l.mu.Lock()
+	if n := len(l.bufs); n > 0 {
+		b, l.bufs = l.bufs[n-1], l.bufs[:n-1]
+	}
+	l.mu.Unlock()
+	return b
+}
+
+// put gives b back to the list, or to the collector when the list is full.
+func (l *freeList) put(b *[]byte) {
+	l.mu.Lock()
+	if len(l.bufs) < cap(l.bufs) {
+		l.bufs = append(l.bufs, b)
+	}
+	l.mu.Unlock()
+}
+
+// streamCopy is the state of one direction of copyStream.
+type streamCopy struct {
+	rc      syscall.RawConn // the source
+	dst     *net.TCPConn
+	lr      *io.LimitedReader // the source, limited to what is queued
+	wrc     syscall.RawConn   // dst
+	readFn  func(uintptr) bool
+	countFn func(uintptr) bool
+	sendFn  func(uintptr) bool
+	bulk    bool // the last burst filled the buffer: splice what is queued
+
+	// Results of the RawConn.Read callbacks.
+	n       int
+	err     error
+	buf     *[]byte // from readBufs; held only from a read that got bytes until they are written
+	starved bool    // read found readBufs empty
+	woken   bool    // count ran before in this wait, so the poller reported input since
+	peek    [1]byte
+
+	// The bytes the RawConn.Write callback send has still to write, and
+	// the error it met.
+	out     []byte
+	sendErr error
+}
+
+// run copies until the source ends.
+func (c *streamCopy) run() error {
 	for {
 		var n int
 		var err error
@@ -106,32 +208,17 @@ func copyStream(dst, src net.Conn) error {
 		} else {
 			n, err = c.readWrite()
 		}
+		if c.starved {
+			// No free read buffer: allocate one here, high in the stack,
+			// rather than in read (see smallCopy).
+			b := make([]byte, smallCopy)
+			c.starved, c.buf = false, &b
+			continue
+		}
 		if err != nil || n == 0 {
 			return err
 		}
 	}
-}
-
-// smallCopy is the size of the read buffer; see copyStream.
-const smallCopy = 16 << 10
-
-var smallBufs = sync.Pool{New: func() any { b := make([]byte, smallCopy); return &b }}
-
-// streamCopy is the state of one direction of copyStream.
-type streamCopy struct {
-	rc      syscall.RawConn // the source
-	dst     *net.TCPConn
-	lr      *io.LimitedReader // the source, limited to what is queued
-	readFn  func(uintptr) bool
-	countFn func(uintptr) bool
-	bulk    bool // the last burst filled the buffer: splice what is queued
-
-	// Results of the RawConn.Read callbacks.
-	n     int
-	err   error
-	buf   *[]byte // pooled; held only from a read that got bytes until they are written
-	woken bool    // count ran before in this wait, so the poller reported input since
-	peek  [1]byte
 }
 
 // readWrite waits for a burst of input, reads it and writes it to dst. It
@@ -142,11 +229,47 @@ func (c *streamCopy) readWrite() (int, error) {
 	if !more {
 		return 0, err
 	}
-	if _, err := c.dst.Write((*c.buf)[:c.n]); err != nil {
+	if err := c.write((*c.buf)[:c.n]); err != nil {
 		return 0, err
 	}
 	c.bulk = c.n == smallCopy
 	return c.n, nil
+}
+
+// write writes b to dst, waiting under the poller while dst's send buffer
+// is full.
+func (c *streamCopy) write(b []byte) error {
+	c.out, c.sendErr = b, nil
+	err := c.wrc.Write(c.sendFn)
+	c.out = nil
+	if err != nil {
+		return fmt.Errorf("copy: wait to write: %w", err)
+	}
+	if c.sendErr != nil {
+		return fmt.Errorf("copy: write: %w", c.sendErr)
+	}
+	return nil
+}
+
+// send is the RawConn.Write callback of write: it writes what it can of
+// c.out and reports false, to wait for the poller, while the send buffer is
+// full. MSG_NOSIGNAL: a peer that has gone away is an EPIPE error, not a
+// signal.
+func (c *streamCopy) send(fd uintptr) bool {
+	for len(c.out) > 0 {
+		n, _, errno := unix.RawSyscall6(unix.SYS_SENDTO, fd, uintptr(unsafe.Pointer(&c.out[0])), uintptr(len(c.out)), unix.MSG_NOSIGNAL, 0, 0) //nolint:gosec // a live heap buffer; see copyStream
+		switch errno {
+		case 0:
+			c.out = c.out[n:]
+		case unix.EINTR:
+		case unix.EAGAIN:
+			return false
+		default:
+			c.sendErr = errno
+			return true
+		}
+	}
+	return true
 }
 
 // wait runs the callback fn under the poller until input is there, and
@@ -165,30 +288,31 @@ func (c *streamCopy) wait(fn func(uintptr) bool) (bool, error) {
 // buffer, which it gives back while nothing is queued.
 func (c *streamCopy) read(fd uintptr) bool {
 	if c.buf == nil {
-		b, ok := smallBufs.Get().(*[]byte)
-		if !ok { // the pool holds nothing else
-			nb := make([]byte, smallCopy)
-			b = &nb
+		if c.buf = readBufs.get(); c.buf == nil {
+			c.starved, c.n, c.err = true, 0, nil // run allocates one
+			return true
 		}
-		c.buf = b
 	}
 	for {
-		n, err := unix.Read(int(fd), *c.buf)
-		switch {
-		case errors.Is(err, unix.EINTR):
+		n, _, errno := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&(*c.buf)[0])), uintptr(len(*c.buf))) //nolint:gosec // a live heap buffer; see copyStream
+		switch errno {
+		case 0:
+			c.n, c.err = int(n), nil
+		case unix.EINTR:
 			continue
-		case errors.Is(err, unix.EAGAIN):
+		case unix.EAGAIN:
 			c.release()
 			return false
+		default:
+			c.n, c.err = 0, errno
 		}
-		c.n, c.err = max(n, 0), err
 		return true
 	}
 }
 
 func (c *streamCopy) release() {
 	if c.buf != nil {
-		smallBufs.Put(c.buf)
+		readBufs.put(c.buf)
 		c.buf = nil
 	}
 }
@@ -240,5 +364,24 @@ func queuedNow(fd int, peek []byte, countFirst bool) (int, error) {
 			return 0, nil
 		}
 		countFirst = true // bytes are queued: count them
+	}
+}
+
+// closeWrite half-closes c's sending side, passing on the end of the other
+// stream, or closes c if it cannot be half-closed. The shutdown(2) is a raw
+// system call (see copyStream): it sends a FIN, which the receiving side
+// processes inline. A failure is ignored, as copyHalf ignored net's
+// CloseWrite errors: the socket is broken, and the copy reading from it
+// will say so.
+func closeWrite(c net.Conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		_ = c.Close()
+		return
+	}
+	if rc, err := tc.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_, _, _ = unix.RawSyscall(unix.SYS_SHUTDOWN, fd, unix.SHUT_WR, 0)
+		})
 	}
 }

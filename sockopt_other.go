@@ -26,3 +26,13 @@ func copyStream(dst, src net.Conn) error {
 func listenConfig(ka net.KeepAliveConfig) net.ListenConfig {
 	return net.ListenConfig{KeepAliveConfig: ka}
 }
+
+// closeWrite half-closes c's sending side, or closes c if it cannot be
+// half-closed.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = c.Close()
+}
