@@ -308,10 +308,18 @@ type session struct {
 }
 
 // copy copies one direction; the last direction to finish ends the
-// connection.
+// connection. A clean end of src is passed on as a half-close of dst while
+// the other direction goes on; once both have ended, closing the sockets
+// sends the FINs, one system call fewer. An error tears down both sockets
+// so the other direction ends too. Neither socket is wrapped in anything:
+// copyStream needs the *net.TCPConn itself to wait on it and to splice.
 func (s *session) copy(dst, src net.Conn) {
-	if err := copyHalf(dst, src); err != nil {
+	if err := copyStream(dst, src); err != nil {
+		_ = dst.Close()
+		_ = src.Close()
 		s.failed(err)
+	} else if s.running.Load() > 1 {
+		closeWrite(dst)
 	}
 	if s.running.Add(-1) > 0 {
 		return
@@ -536,20 +544,6 @@ func (p *proxy) shutdown() error {
 	case <-time.After(timeout):
 		return fmt.Errorf("proxy goroutines still running after %s", timeout)
 	}
-}
-
-// copyHalf copies src to dst. A clean end of src is passed on as a
-// half-close of dst; an error tears down both sockets so the other direction
-// ends too. Neither side is wrapped in anything: copyStream needs the
-// *net.TCPConn itself to wait on it and to splice.
-func copyHalf(dst, src net.Conn) error {
-	if err := copyStream(dst, src); err != nil {
-		_ = dst.Close()
-		_ = src.Close()
-		return err
-	}
-	closeWrite(dst)
-	return nil
 }
 
 // isLocalExhaustion reports errors caused by this process or host running

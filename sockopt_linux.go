@@ -370,9 +370,8 @@ func queuedNow(fd int, peek []byte, countFirst bool) (int, error) {
 // closeWrite half-closes c's sending side, passing on the end of the other
 // stream, or closes c if it cannot be half-closed. The shutdown(2) is a raw
 // system call (see copyStream): it sends a FIN, which the receiving side
-// processes inline. A failure is ignored, as copyHalf ignored net's
-// CloseWrite errors: the socket is broken, and the copy reading from it
-// will say so.
+// processes inline. A failure is ignored: the socket is broken, and the
+// copy reading from it will say so.
 func closeWrite(c net.Conn) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
