@@ -37,7 +37,7 @@
 // # Data path
 //
 // Each client connection is joined to one upstream and bytes are copied both
-// ways, small bursts through a pooled buffer and bulk with splice(2); a
+// ways, small bursts through a reused buffer and bulk with splice(2); a
 // half-close is passed on. A dial that fails before
 // any byte was forwarded is retried on another pickable upstream, each at
 // most once. When no upstream is pickable, the known non-draining ones are

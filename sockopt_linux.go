@@ -78,8 +78,8 @@ func openFilesLimit() uint64 {
 
 // copyStream copies src to dst until src ends. Between two TCP sockets it
 // waits for input holding nothing but the sockets, so an idle connection
-// pins no buffer and no pipe. A burst of input is read into a pooled
-// buffer and written out: one system call each, cheaper than two splices
+// pins no buffer and no pipe. A burst of input is read into a buffer from
+// readBufs and written out: one system call each, cheaper than two splices
 // for the small messages of API traffic. A burst that fills the buffer
 // switches to splice(2) for what is queued, so bulk bytes never enter user
 // space; Go's splice borrows a pipe (two descriptors) from a pool for one
@@ -284,8 +284,8 @@ func (c *streamCopy) wait(fn func(uintptr) bool) (bool, error) {
 	return c.n > 0, nil
 }
 
-// read is the RawConn.Read callback of readWrite: it reads into a pooled
-// buffer, which it gives back while nothing is queued.
+// read is the RawConn.Read callback of readWrite: it reads into a buffer
+// from readBufs, which it gives back while nothing is queued.
 func (c *streamCopy) read(fd uintptr) bool {
 	if c.buf == nil {
 		if c.buf = readBufs.get(); c.buf == nil {
