@@ -114,6 +114,7 @@ func copyStream(dst, src net.Conn) error {
 	return c.run()
 }
 
+// newStreamCopy returns the state of a copy from src to dst.
 func newStreamCopy(dst, src *net.TCPConn) (*streamCopy, error) {
 	rc, err := src.SyscallConn()
 	if err != nil {
