@@ -44,6 +44,9 @@ const (
 	acceptProbe      = 10 * time.Millisecond
 	acceptBackoffMin = 5 * time.Millisecond
 	acceptBackoffMax = time.Second
+
+	// workerIdle is how long a worker goroutine waits for its next task.
+	workerIdle = 5 * time.Second
 )
 
 var (
@@ -119,9 +122,9 @@ func (pc *proxyConn) close() {
 
 type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 
-// proxy is the TCP data path: the accept loop, one goroutine per client
-// connection while it dials, then one per direction while it copies, all
-// owned by serve and waited for by shutdown.
+// proxy is the TCP data path: the accept loop, a worker per client
+// connection while it dials (see workers), then one goroutine per direction
+// while it copies, all owned by serve and waited for by shutdown.
 type proxy struct {
 	log         *slog.Logger
 	m           *metrics
@@ -133,8 +136,9 @@ type proxy struct {
 	// slots bounds the proxied connections by the descriptor limit; see
 	// fdsPerConn. A slot is taken before Accept, so at the limit clients
 	// wait in the listen backlog instead of being reset.
-	slots chan struct{}
-	wg    sync.WaitGroup // connection goroutines
+	slots   chan struct{}
+	wg      sync.WaitGroup // connection goroutines
+	workers workers        // run connection setup and dials
 
 	// stalledSince is when Accept started failing (UnixNano), 0 while it works.
 	stalledSince atomic.Int64
@@ -144,7 +148,11 @@ type proxy struct {
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
 	d := &net.Dialer{
-		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle},
+		// The probe count is left at the system's: with TCP_USER_TIMEOUT
+		// set, Linux ignores it and ends the connection once probes have
+		// gone unanswered for the user timeout (tcp(7)). One system call
+		// fewer per connection.
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Count: -1},
 		Control: func(_, _ string, rc syscall.RawConn) error {
 			return setUserTimeout(rc, tcpUserTimeout)
 		},
@@ -155,6 +163,7 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 		dialTimeout: dialTimeout,
 		hedge:       true,
 		slots:       make(chan struct{}, max(maxConns, 1)),
+		workers:     workers{tasks: make(chan func()), quit: make(chan struct{})},
 	}
 }
 
@@ -216,7 +225,8 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 		if backoff != 0 {
 			backoff = p.acceptRecovered(ln)
 		}
-		p.wg.Go(func() { p.handle(ctx, c) }) // it gives the slot back
+		p.wg.Add(1)
+		p.workers.run(func() { defer p.wg.Done(); p.handle(ctx, c) }) // handle gives the slot back
 	}
 }
 
@@ -427,7 +437,7 @@ func (cd *connDial) start(hedged bool) bool {
 	}
 	cd.tried = append(cd.tried, a.u)
 	cd.inflight++
-	go cd.p.dialAttempt(cd.ctx, a, cd.results)
+	cd.p.workers.run(func() { cd.p.dialAttempt(cd.ctx, a, cd.results) })
 	return true
 }
 
@@ -537,13 +547,57 @@ func (p *proxy) shutdown() error {
 	const timeout = shutdownTimeout
 	p.pool.closeConns()
 	done := make(chan struct{})
-	go func() { p.wg.Wait(); close(done) }()
+	go func() { p.wg.Wait(); p.workers.stop(); close(done) }()
 	select {
 	case <-done:
 		return nil
 	case <-time.After(timeout):
 		return fmt.Errorf("proxy goroutines still running after %s", timeout)
 	}
+}
+
+// workers runs the short tasks of the data path, setting up a connection
+// and dialing, on goroutines that wait workerIdle for the next task before
+// they end. A new goroutine starts with a 2 KiB stack and grows it, copying
+// it each time, while it dials; a worker has done so already. The copy
+// goroutines are not workers: they are long-lived, and an idle connection
+// should keep only their small stacks.
+type workers struct {
+	tasks    chan func() // unbuffered: a send succeeds only to an idle worker
+	quit     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// run runs task on an idle worker, or on a new one if none is idle.
+func (w *workers) run(task func()) {
+	select {
+	case w.tasks <- task:
+	default:
+		w.wg.Go(func() { w.loop(task) })
+	}
+}
+
+func (w *workers) loop(task func()) {
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		task()
+		idle.Reset(workerIdle)
+		select {
+		case task = <-w.tasks:
+		case <-idle.C:
+			return
+		case <-w.quit:
+			return
+		}
+	}
+}
+
+// stop ends the idle workers and waits for them. No task may be run after.
+func (w *workers) stop() {
+	w.stopOnce.Do(func() { close(w.quit) })
+	w.wg.Wait()
 }
 
 // isLocalExhaustion reports errors caused by this process or host running

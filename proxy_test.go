@@ -9,9 +9,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -560,4 +562,54 @@ func TestIsLocalExhaustion(t *testing.T) {
 	if refused := errors.New("connection refused"); isLocalExhaustion(refused) {
 		t.Errorf("isLocalExhaustion(%v): got true; want false", refused)
 	}
+}
+
+// goroutineID returns the running goroutine's number, for tests that need
+// to tell whether two tasks ran on the same goroutine.
+func goroutineID() string {
+	buf := make([]byte, 64)
+	fields := bytes.Fields(buf[:runtime.Stack(buf, false)])
+	return string(fields[1]) // "goroutine 17 [running]:"
+}
+
+func TestWorkersReuseIdleOnesAndEnd(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := &workers{tasks: make(chan func()), quit: make(chan struct{})}
+		ran := make(chan string, 1)
+		record := func() { ran <- goroutineID() }
+
+		w.run(record)
+		first := <-ran
+		synctest.Wait() // the worker waits for its next task
+		w.run(record)
+		if again := <-ran; again != first {
+			t.Errorf("second task ran on goroutine %s; want the idle worker %s", again, first)
+		}
+
+		// While every worker is busy, a task gets a worker of its own.
+		release := make(chan struct{})
+		w.run(func() { <-release })
+		synctest.Wait()
+		w.run(record)
+		if other := <-ran; other == first {
+			t.Errorf("task ran on busy worker %s; want another", first)
+		}
+		close(release)
+
+		// Idle workers end after workerIdle.
+		start := time.Now()
+		w.wg.Wait()
+		if waited := time.Since(start); waited != workerIdle {
+			t.Errorf("workers ended %v after their last task; want %v", waited, workerIdle)
+		}
+
+		// stop ends an idle worker at once.
+		w.run(func() {})
+		synctest.Wait()
+		start = time.Now()
+		w.stop()
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("stop took %v; want no wait", waited)
+		}
+	})
 }
