@@ -197,6 +197,10 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 		}
 	}
 	check("normal", 30, 30000)
+	// The dial leaves TCP_KEEPCNT alone: TCP_USER_TIMEOUT overrides it.
+	if got := sockOpt(t, upConn, unix.TCP_KEEPINTVL); got != 15 {
+		t.Errorf("TCP_KEEPINTVL of a new upstream socket: got %d; want 15", got)
+	}
 	px.pool.reportCheck(u, checkResult{err: errCheck})
 	check("after one failed check", 1, 3000)
 	if got := sockOpt(t, upConn, unix.TCP_KEEPCNT); got != 3 {
