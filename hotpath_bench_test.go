@@ -223,7 +223,7 @@ type nopConn struct{ net.Conn }
 func (*nopConn) Close() error { return nil }
 
 // BenchmarkConnect is the dial machinery of one client connection (pick,
-// dial goroutine, hedge timer, attach, detach) with an in-memory dial, so
+// dial on a worker, hedge timer, attach, detach) with an in-memory dial, so
 // no socket cost hides it.
 func BenchmarkConnect(b *testing.B) {
 	p := benchPool(b, noCheck, randomSel)

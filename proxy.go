@@ -405,7 +405,7 @@ type attempt struct {
 }
 
 // connDial is the dial state of one client connection. Only the goroutine
-// running connect touches it; the dial goroutines report on results.
+// running connect touches it; the dials, on workers, report on results.
 type connDial struct {
 	p            *proxy
 	ctx          context.Context //nolint:containedctx // the dials of one connection share it: cancelled once one won, or on shutdown
@@ -594,7 +594,9 @@ func (w *workers) loop(task func()) {
 	}
 }
 
-// stop ends the idle workers and waits for them. No task may be run after.
+// stop ends the idle workers and waits for the busy ones to finish. run
+// must not be called while stop runs; a task run after it gets a worker
+// that ends with the task.
 func (w *workers) stop() {
 	w.stopOnce.Do(func() { close(w.quit) })
 	w.wg.Wait()
