@@ -62,15 +62,21 @@ type socketSettings struct {
 }
 
 var (
+	// normalSettings are what every upstream socket is dialed with. The
+	// probe count is left alone: with TCP_USER_TIMEOUT set, Linux ignores
+	// it and ends the connection once probes have gone unanswered for the
+	// user timeout (tcp(7)). One system call fewer per connection.
 	normalSettings = socketSettings{
-		keepAlive:   net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle},
+		keepAlive:   net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Count: -1},
 		userTimeout: tcpUserTimeout,
 	}
 	// sweepSettings make the kernel drop a connection whose peer has
 	// vanished within seconds: keepalive probes every second from 1 s idle,
-	// three unanswered probes kill it, and 3 s of unacknowledged data kill
-	// it too (keepalive does not fire while data waits for an ACK). A peer
-	// that is alive but slow answers the probes and keeps its connections.
+	// and 3 s without an answer kill it, to probes or to unacknowledged data
+	// alike (TCP_USER_TIMEOUT governs both; the count of 3 matters only
+	// where the kernel lacks it). Recovery back to normalSettings leaves
+	// that count, which the 30 s user timeout then overrides. A peer that
+	// is alive but slow answers the probes and keeps its connections.
 	sweepSettings = socketSettings{
 		keepAlive:   net.KeepAliveConfig{Enable: true, Idle: time.Second, Interval: time.Second, Count: 3},
 		userTimeout: 3 * time.Second,
@@ -148,13 +154,9 @@ type proxy struct {
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
 	d := &net.Dialer{
-		// The probe count is left at the system's: with TCP_USER_TIMEOUT
-		// set, Linux ignores it and ends the connection once probes have
-		// gone unanswered for the user timeout (tcp(7)). One system call
-		// fewer per connection.
-		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Count: -1},
+		KeepAliveConfig: normalSettings.keepAlive,
 		Control: func(_, _ string, rc syscall.RawConn) error {
-			return setUserTimeout(rc, tcpUserTimeout)
+			return setUserTimeout(rc, normalSettings.userTimeout)
 		},
 	}
 	return &proxy{
