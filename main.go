@@ -219,22 +219,27 @@ type daemon struct {
 // Many closed connections leave their goroutine stacks and buffers free
 // inside the process: the runtime returns such memory only slowly, and only
 // after a collection, which an idle daemon may not run for two minutes. So
-// after releaseAfterCloses connections have closed, the next beat collects
-// and returns the memory at once, at most every releaseMinInterval.
+// once the open connections have dropped by releaseAfterDrop below their
+// highest count since the last release, the next beat collects and returns
+// the memory at once, at most every releaseMinInterval. Connections that
+// come and go at a steady count reuse that memory, so they do not trigger it.
 const (
-	releaseAfterCloses = 1000
-	releaseMinInterval = 30 * time.Second
+	releaseAfterDrop   = 1000
+	releaseMinInterval = 10 * time.Second
 )
 
+// memoryRelease is the beat's record of the last release.
 type memoryRelease struct {
-	at     time.Time
-	closed uint64
+	at   time.Time // of the last release
+	high int       // the most connections open at once since then
 }
 
-// due reports whether memory should be released now, with closed
-// connections closed so far.
-func (r memoryRelease) due(now time.Time, closed uint64) bool {
-	return closed-r.closed >= releaseAfterCloses && now.Sub(r.at) >= releaseMinInterval
+// due folds peak, the most connections open at once since the last call,
+// into the record and reports whether memory should be released now, with
+// open connections open.
+func (r *memoryRelease) due(now time.Time, open, peak int) bool {
+	r.high = max(r.high, peak, open)
+	return r.high-open >= releaseAfterDrop && now.Sub(r.at) >= releaseMinInterval
 }
 
 func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
@@ -471,8 +476,8 @@ func (d *daemon) cacheWriter(ctx context.Context, lists <-chan []string) {
 // in both cases /healthz fails once --liveness-threshold has passed.
 func (d *daemon) beat() {
 	d.pool.responsive()
-	if now, closed := time.Now(), d.proxy.closed.Load(); d.released.due(now, closed) {
-		d.released = memoryRelease{at: now, closed: closed}
+	if now, open := time.Now(), d.proxy.open(); d.released.due(now, open, d.proxy.takePeak()) {
+		d.released = memoryRelease{at: now, high: open}
 		debug.FreeOSMemory()
 	}
 	if stalled := d.proxy.acceptStalledFor(); stalled > 0 {

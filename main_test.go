@@ -440,36 +440,68 @@ func TestCacheWriterWritesDiscoveredLists(t *testing.T) {
 
 func TestMemoryReleaseDue(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	last := memoryRelease{at: t0, closed: 5000}
 	for _, tc := range []struct {
-		name   string
-		after  time.Duration
-		closed uint64
-		want   bool
+		name       string
+		last       memoryRelease
+		after      time.Duration
+		open, peak int
+		want       bool
 	}{
-		{"few closes", time.Hour, 5000 + releaseAfterCloses - 1, false},
-		{"enough closes", time.Hour, 5000 + releaseAfterCloses, true},
-		{"too soon", releaseMinInterval - time.Second, 5000 + 10*releaseAfterCloses, false},
-		{"just in time", releaseMinInterval, 5000 + releaseAfterCloses, true},
+		{"small drop", memoryRelease{at: t0, high: 5000}, time.Hour, 5001 - releaseAfterDrop, 0, false},
+		{"drop", memoryRelease{at: t0, high: 5000}, time.Hour, 5000 - releaseAfterDrop, 0, true},
+		{"too soon", memoryRelease{at: t0, high: 5000}, releaseMinInterval - time.Second, 0, 0, false},
+		{"just in time", memoryRelease{at: t0, high: 5000}, releaseMinInterval, 5000 - releaseAfterDrop, 0, true},
+		{"steady churn", memoryRelease{at: t0, high: 5000}, time.Hour, 5000, 5000, false},
+		{"peak between beats", memoryRelease{at: t0, high: 100}, time.Hour, 100, 100 + releaseAfterDrop, true},
+		{"first release", memoryRelease{}, 0, 0, releaseAfterDrop, true},
 	} {
-		if got := last.due(t0.Add(tc.after), tc.closed); got != tc.want {
+		r := tc.last
+		if got := r.due(t0.Add(tc.after), tc.open, tc.peak); got != tc.want {
 			t.Errorf("%s: due = %v; want %v", tc.name, got, tc.want)
 		}
 	}
-	if !(memoryRelease{}).due(time.Now(), releaseAfterCloses) {
-		t.Error("the first release is not due after enough closes")
+
+	// The high-water mark stays between beats until a release resets it.
+	r := memoryRelease{at: t0}
+	if r.due(t0.Add(time.Second), 3000, 3000) {
+		t.Error("due while connections rise")
+	}
+	if r.due(t0.Add(time.Second), 2500, 0) {
+		t.Error("due after a drop smaller than releaseAfterDrop")
+	}
+	if !r.due(t0.Add(time.Minute), 3000-releaseAfterDrop, 0) {
+		t.Errorf("not due after the open connections dropped from %d to %d", 3000, 3000-releaseAfterDrop)
 	}
 }
 
-func TestProxyCountsClosedConnections(t *testing.T) {
+func TestProxyTracksPeakConnections(t *testing.T) {
 	up := startUpstream(t, echo)
 	px := startProxy(t, poolConfig{}, up.addr, deadAddr(t))
-	for range 5 {
+	var conns []net.Conn
+	for range 3 {
 		c := dialProxy(t, px.addr)
 		if err := roundTrip(c, []byte("x")); err != nil {
 			t.Fatal(err)
 		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
 		_ = c.Close()
 	}
-	waitFor(t, "5 closed connections", func() bool { return px.closed.Load() == 5 })
+	// open counts the slot the accept loop holds while it waits.
+	waitFor(t, "the connections to end", func() bool { return px.open() == 1 })
+	if got := px.takePeak(); got != 3 {
+		t.Errorf("peak = %d; want 3", got)
+	}
+	if got := px.takePeak(); got != 0 {
+		t.Errorf("peak right after takePeak = %d; want 0", got)
+	}
+	c := dialProxy(t, px.addr)
+	defer c.Close()
+	if err := roundTrip(c, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if got := px.takePeak(); got != 1 {
+		t.Errorf("peak after one new connection = %d; want 1", got)
+	}
 }

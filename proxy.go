@@ -148,8 +148,9 @@ type proxy struct {
 
 	// stalledSince is when Accept started failing (UnixNano), 0 while it works.
 	stalledSince atomic.Int64
-	// closed counts client connections handled to the end.
-	closed atomic.Uint64
+	// peak is the most client connections open at once since the last
+	// takePeak; only serve raises it.
+	peak atomic.Int64
 }
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
@@ -226,6 +227,9 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 		}
 		if backoff != 0 {
 			backoff = p.acceptRecovered(ln)
+		}
+		if n := int64(len(p.slots)); n > p.peak.Load() {
+			p.peak.Store(n)
 		}
 		p.wg.Add(1)
 		p.workers.run(func() { defer p.wg.Done(); p.handle(ctx, c) }) // handle gives the slot back
@@ -306,8 +310,19 @@ func (p *proxy) end(u *upstream, pc *proxyConn) {
 		p.pool.detach(u, pc)
 	}
 	_ = pc.client.Close()
-	p.closed.Add(1)
 	<-p.slots
+}
+
+// open returns the client connections open now, counting one that is
+// being accepted.
+func (p *proxy) open() int {
+	return len(p.slots)
+}
+
+// takePeak returns the most client connections open at once since the last
+// call (0 if none was accepted since) and starts counting afresh.
+func (p *proxy) takePeak() int {
+	return int(p.peak.Swap(0))
 }
 
 // session is one proxied connection while its two directions copy.

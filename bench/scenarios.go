@@ -325,6 +325,9 @@ func parseStraceSummary(path string) (map[string][2]int, error) {
 }
 
 // 4. Idle connections.
+//
+// Each run holds the connections twice: the second wave shows whether what
+// the proxy kept after the first was reused or is lost.
 func (b *bench) idleScenario() error {
 	n := b.cfg.idleConns
 	s := samples{}
@@ -332,71 +335,112 @@ func (b *bench) idleScenario() error {
 	err := b.interleave(b.proxies(), b.cfg.slowReps, startOpts{}, func(in *instance, rep int) error {
 		time.Sleep(500 * time.Millisecond)
 		rss0, fd0, kinds0, mem0 := rssKiB(in.pid), fdCount(in.pid), fdKinds(in.pid), kernelKiB()
-		conns, failed, firstErr := openIdle(in, n, 64, 5*time.Second)
-		if failed > 0 {
-			closeAll(conns)
-			return fmt.Errorf("%d of %d idle connections failed: %s", failed, n, firstErr)
+		first, err := b.idleWave(in, n, kinds0)
+		if err != nil {
+			return err
 		}
-		time.Sleep(time.Second)
-		rss1, fd1, kinds1, mem1 := rssKiB(in.pid), fdCount(in.pid), fdKinds(in.pid), kernelKiB()
-		closeAll(conns)
-		// Wait for the proxy to close its sockets, then let it settle.
-		deadline := time.Now().Add(20 * time.Second)
-		for fdKinds(in.pid)["socket"] > kinds0["socket"]+8 && time.Now().Before(deadline) {
-			time.Sleep(100 * time.Millisecond)
+		second, err := b.idleWave(in, n, kinds0)
+		if err != nil {
+			return err
 		}
-		closeTook := time.Since(deadline.Add(-20 * time.Second))
-		time.Sleep(b.cfg.settle)
-		rss2, fd2 := rssKiB(in.pid), fdCount(in.pid)
-		perConn := float64(rss1-rss0) / float64(n)
-		returned := 100 * float64(rss1-rss2) / float64(max(rss1-rss0, 1))
-		log.Printf("  idle     %-14s rep %d: RSS %d → %d → %d KiB (%.2f KiB/conn, %.0f%% returned), fds %d → %d → %d, kinds %v → %v, kernel %.2f KiB/conn, closed in %s",
-			in.name, rep, rss0, rss1, rss2, perConn, returned, fd0, fd1, fd2, kinds0, kinds1, float64(mem1-mem0)/float64(n), closeTook.Round(10*time.Millisecond))
+		fd2 := fdCount(in.pid)
+		perConn := float64(first.held-rss0) / float64(n)
+		returned := 100 * float64(first.held-first.after) / float64(max(first.held-rss0, 1))
+		kept := 100 * float64(second.after-first.after) / float64(max(first.held-rss0, 1))
+		log.Printf("  idle     %-14s rep %d: RSS %d → %d → %d KiB, again → %d → %d KiB (%.2f KiB/conn, %.0f%% returned, second wave kept %.1f%% more), fds %d → %d → %d, kinds %v → %v, kernel %.2f KiB/conn, closed in %s and %s",
+			in.name, rep, rss0, first.held, first.after, second.held, second.after, perConn, returned, kept, fd0, first.fds, fd2, kinds0, first.kinds, float64(first.kernel-mem0)/float64(n), first.closeTook, second.closeTook)
 		s.add(in.name, "rss0", float64(rss0)/1024)
-		s.add(in.name, "rss1", float64(rss1)/1024)
+		s.add(in.name, "rss1", float64(first.held)/1024)
 		s.add(in.name, "perconn", perConn)
-		s.add(in.name, "fdper", float64(fd1-fd0)/float64(n))
-		s.add(in.name, "sockper", float64(kinds1["socket"]-kinds0["socket"])/float64(n))
-		s.add(in.name, "pipeper", float64(kinds1["pipe"]-kinds0["pipe"])/float64(n))
-		s.add(in.name, "rss2", float64(rss2)/1024)
+		s.add(in.name, "fdper", float64(first.fds-fd0)/float64(n))
+		s.add(in.name, "sockper", float64(first.kinds["socket"]-kinds0["socket"])/float64(n))
+		s.add(in.name, "pipeper", float64(first.kinds["pipe"]-kinds0["pipe"])/float64(n))
+		s.add(in.name, "rss2", float64(first.after)/1024)
 		s.add(in.name, "returned", returned)
+		s.add(in.name, "rss3", float64(second.held)/1024)
+		s.add(in.name, "rss4", float64(second.after)/1024)
+		s.add(in.name, "kept", kept)
 		s.add(in.name, "fd2", float64(fd2-fd0))
-		s.add(in.name, "machine", float64(mem1-mem0)/float64(n))
-		kindsSeen[in.name] = fmt.Sprintf("%v → %v", kinds0, kinds1)
+		s.add(in.name, "machine", float64(first.kernel-mem0)/float64(n))
+		kindsSeen[in.name] = fmt.Sprintf("%v → %v", kinds0, first.kinds)
 		return nil
 	})
 	if err != nil {
 		return err
 	}
+	b.idleReport(s, n, kindsSeen)
+	return nil
+}
+
+// wave is one wave of the idle scenario's run.
+type wave struct {
+	held, after int64 // proxy RSS in KiB with the connections held and settled after they closed
+	fds         int   // proxy descriptors while held
+	kinds       map[string]int
+	kernel      int64 // machine's kernel memory in KiB while held
+	closeTook   time.Duration
+}
+
+// idleWave opens n idle connections through in, holds them for a second,
+// closes them and waits for the proxy to close its sockets (kinds0 is the
+// proxy's descriptor count by kind before) and then b.cfg.settle.
+func (b *bench) idleWave(in *instance, n int, kinds0 map[string]int) (wave, error) {
+	conns, failed, firstErr := openIdle(in, n, 64, 5*time.Second)
+	if failed > 0 {
+		closeAll(conns)
+		return wave{}, fmt.Errorf("%d of %d idle connections failed: %s", failed, n, firstErr)
+	}
+	time.Sleep(time.Second)
+	w := wave{held: rssKiB(in.pid), fds: fdCount(in.pid), kinds: fdKinds(in.pid), kernel: kernelKiB()}
+	closeAll(conns)
+	start := time.Now()
+	for fdKinds(in.pid)["socket"] > kinds0["socket"]+8 && time.Since(start) < 20*time.Second {
+		time.Sleep(100 * time.Millisecond)
+	}
+	w.closeTook = time.Since(start).Round(10 * time.Millisecond)
+	time.Sleep(b.cfg.settle)
+	w.after = rssKiB(in.pid)
+	return w, nil
+}
+
+// idleReport writes the idle scenario's table, targets and notes.
+func (b *bench) idleReport(s samples, n int, kindsSeen map[string]string) {
 	b.section("4. Idle connections",
-		fmt.Sprintf("%s connections opened through the proxy (each proven by a 1 B echo) and held idle, then closed. RSS of the proxying process before, with the connections open, and %s after they closed.",
-			fmtNum(float64(n), 0), b.cfg.settle))
+		fmt.Sprintf("%s connections opened through the proxy (each proven by a 1 B echo) and held idle, then closed; then the same again in the same process. RSS of the proxying process before, with the connections open, and %s after they closed. \"Growth returned\" is the share of the first wave's growth gone %s after it closed; \"second wave kept\" is how much higher RSS stays after the second wave than after the first, as a share of the first wave's growth: near 0 when what was kept is reused rather than lost.",
+			fmtNum(float64(n), 0), b.cfg.settle, b.cfg.settle))
 	var t table
-	t.head = []string{"System", "RSS before MiB", "RSS held MiB", "KiB/conn", "÷ HAProxy", "fds/conn (sockets + pipes)", "RSS after close MiB", "growth returned", "fds left after close", "kernel KiB/conn (machine)"}
+	t.head = []string{"System", "RSS before MiB", "RSS held MiB", "KiB/conn", "÷ HAProxy", "fds/conn (sockets + pipes)", "RSS after close MiB", "growth returned", "second wave: held / after close MiB", "second wave kept", "fds left after close", "kernel KiB/conn (machine)"}
 	for _, name := range b.proxies() {
 		_, h := rel(s, name, "perconn", "")
 		t.add(name, fmtNum(s.med(name, "rss0"), 1), fmtNum(s.med(name, "rss1"), 1), fmtNum(s.med(name, "perconn"), 2), h,
 			fmt.Sprintf("%s (%s + %s)", fmtNum(s.med(name, "fdper"), 2), fmtNum(s.med(name, "sockper"), 2), fmtNum(s.med(name, "pipeper"), 2)),
-			fmtNum(s.med(name, "rss2"), 1), fmtNum(s.med(name, "returned"), 0)+" %", fmtNum(s.med(name, "fd2"), 0), fmtNum(s.med(name, "machine"), 1))
+			fmtNum(s.med(name, "rss2"), 1), fmtNum(s.med(name, "returned"), 0)+" %",
+			fmtNum(s.med(name, "rss3"), 1)+" / "+fmtNum(s.med(name, "rss4"), 1), fmtNum(s.med(name, "kept"), 1)+" %",
+			fmtNum(s.med(name, "fd2"), 0), fmtNum(s.med(name, "machine"), 1))
 	}
 	b.rep.WriteString(t.String())
 	if b.has(sysEP) {
-		pc, ret := s.med(sysEP, "perconn"), s.med(sysEP, "returned")
-		b.addTarget("≤ 10 KiB proxy memory per idle connection", fmt.Sprintf("%s KiB/conn", fmtNum(pc, 2)), pc <= 10)
-		b.addTarget("Memory returned after close (≥ 75 % of the growth)", fmt.Sprintf("%s %% returned after %s", fmtNum(ret, 0), b.cfg.settle), ret >= 75)
-		fdper, pipes := s.med(sysEP, "fdper"), s.med(sysEP, "pipeper")
-		verdict := "confirmed"
-		if math.Abs(fdper-2) > 0.1 {
-			verdict = "NOT confirmed"
-		}
-		b.note = append(b.note, fmt.Sprintf("Descriptors: extractedprism holds %s descriptors per idle connection (%s sockets, %s pipe ends), so the claim that an idle connection holds only its two sockets (splice pipes are borrowed while bytes move) is %s. Descriptor kinds before → during: %s. HAProxy and nginx hold 2 (the two sockets).",
-			fmtNum(fdper, 2), fmtNum(s.med(sysEP, "sockper"), 2), fmtNum(pipes, 2), verdict, kindsSeen[sysEP]))
-		if left := s.med(sysEP, "fd2"); left > 100 {
-			b.note = append(b.note, fmt.Sprintf("After the idle connections closed, extractedprism still held %s more descriptors than before, for %s.",
-				fmtNum(left, 0), b.cfg.settle))
-		}
+		b.idleTargets(s, kindsSeen)
 	}
-	return nil
+}
+
+// idleTargets records extractedprism's idle-connection targets and notes.
+func (b *bench) idleTargets(s samples, kindsSeen map[string]string) {
+	pc, ret, kept := s.med(sysEP, "perconn"), s.med(sysEP, "returned"), s.med(sysEP, "kept")
+	b.addTarget("≤ 10 KiB proxy memory per idle connection", fmt.Sprintf("%s KiB/conn", fmtNum(pc, 2)), pc <= 10)
+	b.addTarget("Memory returned after close (≥ 75 % of the growth)", fmt.Sprintf("%s %% returned after %s", fmtNum(ret, 0), b.cfg.settle), ret >= 75)
+	b.addTarget("What is kept after close is reused (second wave keeps ≤ 5 % more)", fmt.Sprintf("%s %% more", fmtNum(kept, 1)), kept <= 5)
+	fdper, pipes := s.med(sysEP, "fdper"), s.med(sysEP, "pipeper")
+	verdict := "confirmed"
+	if math.Abs(fdper-2) > 0.1 {
+		verdict = "NOT confirmed"
+	}
+	b.note = append(b.note, fmt.Sprintf("Descriptors: extractedprism holds %s descriptors per idle connection (%s sockets, %s pipe ends), so the claim that an idle connection holds only its two sockets (splice pipes are borrowed while bytes move) is %s. Descriptor kinds before → during: %s. HAProxy and nginx hold 2 (the two sockets).",
+		fmtNum(fdper, 2), fmtNum(s.med(sysEP, "sockper"), 2), fmtNum(pipes, 2), verdict, kindsSeen[sysEP]))
+	if left := s.med(sysEP, "fd2"); left > 100 {
+		b.note = append(b.note, fmt.Sprintf("After the idle connections closed, extractedprism still held %s more descriptors than before, for %s.",
+			fmtNum(left, 0), b.cfg.settle))
+	}
 }
 
 // 5. Footprint.
