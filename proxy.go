@@ -149,7 +149,7 @@ type proxy struct {
 	// stalledSince is when Accept started failing (UnixNano), 0 while it works.
 	stalledSince atomic.Int64
 	// peak is the most client connections open at once since the last
-	// takePeak; only serve raises it.
+	// takePeak, which resets it; only serve raises it.
 	peak atomic.Int64
 }
 
