@@ -277,6 +277,59 @@ func TestBeatSkippedWhileAcceptFails(t *testing.T) {
 	})
 }
 
+func TestBeatReleasesMemoryAfterADrop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMetrics(prometheus.NewRegistry())
+		log := slog.New(slog.DiscardHandler)
+		pl := newPool(log, m, defaultTestPool, newFakeChecks().check, randomSelector{})
+		defer pl.close()
+		d := &daemon{
+			cfg:       &config{LivenessThreshold: 15 * time.Second},
+			log:       log,
+			pool:      pl,
+			proxy:     newProxy(log, m, pl, time.Second, 2000),
+			heartbeat: newHeartbeat(15 * time.Second),
+		}
+		setOpen := func(n int) { // as serve and end do
+			for len(d.proxy.slots) < n {
+				d.proxy.slots <- struct{}{}
+			}
+			for len(d.proxy.slots) > n {
+				<-d.proxy.slots
+			}
+			if int64(n) > d.proxy.peak.Load() {
+				d.proxy.peak.Store(int64(n))
+			}
+		}
+		beat := func(open int) {
+			time.Sleep(5 * time.Second)
+			setOpen(open)
+			d.beat()
+		}
+
+		beat(1500)
+		if !d.released.at.IsZero() {
+			t.Fatal("memory released while 1,500 connections are open")
+		}
+		beat(100)
+		if !d.released.at.Equal(time.Now()) || d.released.high != 100 {
+			t.Fatalf("after a drop from 1,500 to 100: last release %v, high %d; want now and 100", d.released.at, d.released.high)
+		}
+		released := d.released.at
+
+		// A spike that rises and falls between two beats still counts.
+		setOpen(1200)
+		beat(100)
+		if !d.released.at.Equal(released) {
+			t.Fatal("released again within releaseMinInterval")
+		}
+		beat(100)
+		if !d.released.at.Equal(time.Now()) {
+			t.Errorf("no release after a spike to 1,200 between beats and %v", releaseMinInterval)
+		}
+	})
+}
+
 func TestRunLatencyModeReportsTiers(t *testing.T) {
 	a, b := startUpstream(t, echo), startUpstream(t, echo)
 	d := startDaemon(t, nil, "--endpoints", a.addr+","+b.addr, "--upstream-selection", "latency")
