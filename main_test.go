@@ -248,19 +248,25 @@ func TestRunIPv6(t *testing.T) {
 	}
 }
 
+// beatDaemon is a daemon with what its beat needs: a pool with fake
+// checks, a proxy of maxConns slots and a 15 s liveness threshold.
+func beatDaemon(maxConns int) *daemon {
+	m := newMetrics(prometheus.NewRegistry())
+	log := slog.New(slog.DiscardHandler)
+	pl := newPool(log, m, defaultTestPool, newFakeChecks().check, randomSelector{})
+	return &daemon{
+		cfg:       &config{LivenessThreshold: 15 * time.Second},
+		log:       log,
+		pool:      pl,
+		proxy:     newProxy(log, m, pl, time.Second, maxConns),
+		heartbeat: newHeartbeat(15 * time.Second),
+	}
+}
+
 func TestBeatSkippedWhileAcceptFails(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		m := newMetrics(prometheus.NewRegistry())
-		log := slog.New(slog.DiscardHandler)
-		pl := newPool(log, m, defaultTestPool, newFakeChecks().check, randomSelector{})
-		defer pl.close()
-		d := &daemon{
-			cfg:       &config{LivenessThreshold: 15 * time.Second},
-			log:       log,
-			pool:      pl,
-			proxy:     newProxy(log, m, pl, time.Second, 1),
-			heartbeat: newHeartbeat(15 * time.Second),
-		}
+		d := beatDaemon(1)
+		defer d.pool.close()
 		d.proxy.acceptFailed(errEMFILE(), 0) // Accept starts failing now
 		for range 4 {
 			time.Sleep(5 * time.Second)
@@ -279,17 +285,8 @@ func TestBeatSkippedWhileAcceptFails(t *testing.T) {
 
 func TestBeatReleasesMemoryAfterADrop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		m := newMetrics(prometheus.NewRegistry())
-		log := slog.New(slog.DiscardHandler)
-		pl := newPool(log, m, defaultTestPool, newFakeChecks().check, randomSelector{})
-		defer pl.close()
-		d := &daemon{
-			cfg:       &config{LivenessThreshold: 15 * time.Second},
-			log:       log,
-			pool:      pl,
-			proxy:     newProxy(log, m, pl, time.Second, 2000),
-			heartbeat: newHeartbeat(15 * time.Second),
-		}
+		d := beatDaemon(2000)
+		defer d.pool.close()
 		setOpen := func(n int) { // as serve and end do
 			for len(d.proxy.slots) < n {
 				d.proxy.slots <- struct{}{}
@@ -297,9 +294,7 @@ func TestBeatReleasesMemoryAfterADrop(t *testing.T) {
 			for len(d.proxy.slots) > n {
 				<-d.proxy.slots
 			}
-			if int64(n) > d.proxy.peak.Load() {
-				d.proxy.peak.Store(int64(n))
-			}
+			d.proxy.notePeak()
 		}
 		beat := func(open int) {
 			time.Sleep(5 * time.Second)

@@ -228,9 +228,7 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 		if backoff != 0 {
 			backoff = p.acceptRecovered(ln)
 		}
-		if n := int64(len(p.slots)); n > p.peak.Load() {
-			p.peak.Store(n)
-		}
+		p.notePeak()
 		p.wg.Add(1)
 		p.workers.run(func() { defer p.wg.Done(); p.handle(ctx, c) }) // handle gives the slot back
 	}
@@ -317,6 +315,14 @@ func (p *proxy) end(u *upstream, pc *proxyConn) {
 // being accepted.
 func (p *proxy) open() int {
 	return len(p.slots)
+}
+
+// notePeak raises peak to the connections open now; serve calls it after
+// each accept.
+func (p *proxy) notePeak() {
+	if n := int64(len(p.slots)); n > p.peak.Load() {
+		p.peak.Store(n)
+	}
 }
 
 // takePeak returns the most client connections open at once since the last
