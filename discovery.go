@@ -374,9 +374,17 @@ func newRESTSliceClient(cfg *rest.Config) (*restSliceClient, error) {
 	return &restSliceClient{rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
 }
 
+// errWatchNotOpened is a Watch call that failed before a stream opened:
+// the connection closed or timed out during the request. client-go reports
+// it as a watch that opened and closed at once, without the error.
+var errWatchNotOpened = errors.New("watch request failed before a stream opened (connection closed or timed out)")
+
+// List and Watch make one request each: client-go would otherwise retry a
+// failed request up to 10 times a second apart, hidden from the caller,
+// and the backoff the watcher keeps between its requests would not hold.
 func (c *restSliceClient) List(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
 	list := &discoveryv1.EndpointSliceList{}
-	err := c.rc.Get().Namespace(namespace).Resource("endpointslices").
+	err := c.rc.Get().MaxRetries(0).Namespace(namespace).Resource("endpointslices").
 		VersionedParams(&opts, c.params).Do(ctx).Into(list)
 	if err != nil {
 		return nil, err
@@ -386,8 +394,16 @@ func (c *restSliceClient) List(ctx context.Context, namespace string, opts metav
 
 func (c *restSliceClient) Watch(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
 	opts.Watch = true
-	return c.rc.Get().Namespace(namespace).Resource("endpointslices").
+	w, err := c.rc.Get().MaxRetries(0).Namespace(namespace).Resource("endpointslices").
 		VersionedParams(&opts, c.params).Watch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := w.(*watch.StreamWatcher); !ok {
+		w.Stop() // the empty watch client-go returns for a failed request
+		return nil, errWatchNotOpened
+	}
+	return w, nil
 }
 
 // kubeRESTConfig returns the client configuration: credentials from

@@ -2,13 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -137,4 +142,77 @@ func readEvents(t *testing.T, w watch.Interface, n int) []watch.Event {
 		}
 	}
 	return out
+}
+
+// hangUpServer closes every connection as soon as a request arrives, as the
+// proxy does with a client it cannot place while no API server answers. It
+// counts the requests (watch ones apart) and answers List normally when
+// listOK is set.
+func hangUpServer(t *testing.T, listOK bool) (c *restSliceClient, lists, watches *atomic.Int32) {
+	t.Helper()
+	lists, watches = new(atomic.Int32), new(atomic.Int32)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") != "true" {
+			lists.Add(1)
+			if listOK {
+				// Not kept alive: net/http sends a request again, once, when
+				// a reused connection fails before any answer.
+				w.Header().Set("Connection", "close")
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, wireList)
+				return
+			}
+		} else {
+			watches.Add(1)
+		}
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	c, err := newRESTSliceClient(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, lists, watches
+}
+
+// A failed request is one request and an error: client-go's own retries,
+// ten of them a second apart, would hide it and defeat the backoff.
+func TestRESTSliceClientFailsAtOnce(t *testing.T) {
+	c, lists, watches := hangUpServer(t, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.List(ctx, "default", metav1.ListOptions{}); err == nil || ctx.Err() != nil {
+		t.Errorf("List: error %v (context %v); want the hang-up at once", err, ctx.Err())
+	}
+	w, err := c.Watch(ctx, "default", metav1.ListOptions{})
+	if !errors.Is(err, errWatchNotOpened) || ctx.Err() != nil {
+		t.Errorf("Watch: %v, error %v (context %v); want errWatchNotOpened at once", w, err, ctx.Err())
+	}
+	if n, m := lists.Load(), watches.Load(); n != 1 || m != 1 {
+		t.Errorf("%d list and %d watch requests; want 1 each", n, m)
+	}
+}
+
+// Against an API server that hangs up on every watch, the watcher counts
+// each failed Watch call and keeps the spec's backoff between them: with no
+// jitter, requests at 0 s and 1 s, the next not before 3 s.
+func TestKubeWatcherBacksOffFailedWatchCalls(t *testing.T) {
+	c, lists, watches := hangUpServer(t, true)
+	m := newMetrics(prometheus.NewRegistry())
+	w := newKubeWatcher(c, testLogger(t), m, func() float64 { return 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+	defer cancel()
+	_ = w.run(ctx, make(chan []string, 10))
+	if n := lists.Load(); n != 1 {
+		t.Errorf("%d list requests; want 1", n)
+	}
+	if n := watches.Load(); n != 2 {
+		t.Errorf("%d watch requests in 2.5 s; want 2 (at 0 s and 1 s)", n)
+	}
+	if got := testutil.ToFloat64(m.discoveryErrors.WithLabelValues(kubeProviderName)); got != 2 {
+		t.Errorf("discovery errors %v; want 2, one per failed Watch call", got)
+	}
 }
