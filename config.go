@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"regexp"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -75,7 +76,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*con
 		if errors.Is(err, flag.ErrHelp) {
 			printUsage(out, fs)
 		}
-		return nil, err
+		return nil, argError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q: every setting is a flag", fs.Arg(0))
@@ -109,8 +110,9 @@ func newFlagSet(cfg *config) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 
 	fs.StringVar(&cfg.BindAddress, "bind-address", "127.0.0.1", "Address for the TCP load balancer listener")
-	fs.IntVar(&cfg.BindPort, "bind-port", 7445, "Port for the TCP load balancer listener")
-	fs.IntVar(&cfg.HealthPort, "health-port", 7446, "Port for the health check HTTP server")
+	cfg.BindPort, cfg.HealthPort = 7445, 7446
+	fs.Var((*portNumber)(&cfg.BindPort), "bind-port", "TCP `port` for the load balancer listener")
+	fs.Var((*portNumber)(&cfg.HealthPort), "health-port", "TCP `port` for the health check HTTP server")
 	fs.StringVar(&cfg.HealthBindAddress, "health-bind-address", "", "Address for the health check HTTP server (default: the value of --bind-address)")
 	fs.Var((*endpointList)(&cfg.Endpoints), "endpoints", "Comma-separated list of API server endpoints (`host:port`); required")
 	fs.DurationVar(&cfg.HealthInterval, "health-interval", 20*time.Second, "Interval between upstream health checks")
@@ -154,6 +156,27 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, set map[string]bool)
 		set[f.Name] = true
 	})
 	return errors.Join(errs...)
+}
+
+// badArgValue matches the flag package's error for a value on the command
+// line that the flag does not take.
+var badArgValue = regexp.MustCompile(`^invalid (?:boolean )?value (".*") for (?:flag )?-([a-z-]+): `)
+
+// argError rewrites the flag package's error for a bad value on the
+// command line ("invalid value "x" for flag -bind-port: parse error") to
+// name the flag and its variable and the kind of value wanted, as the
+// errors about EP_ variables do. Other errors pass unchanged.
+func argError(fs *flag.FlagSet, err error) error {
+	m := badArgValue.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	value, uerr := strconv.Unquote(m[1])
+	f := fs.Lookup(m[2])
+	if uerr != nil || f == nil || f.Name == versionFlag {
+		return err
+	}
+	return fmt.Errorf("%s: invalid %s %q", flagRef(f.Name), valueKind(f), value)
 }
 
 // envName is the variable that sets the flag name: EP_ and the name in upper
@@ -235,6 +258,30 @@ func (l *endpointList) Set(s string) error {
 	return nil
 }
 
+// portNumber is a port written in decimal. flag.IntVar would also take
+// 0x1d1d, and read 07445 as octal 3877: a listener on a port nobody expects.
+type portNumber int
+
+func (p *portNumber) String() string {
+	if p == nil {
+		return "0"
+	}
+	return strconv.Itoa(int(*p))
+}
+
+// Set accepts decimal digits alone; validate checks the range.
+func (p *portNumber) Set(s string) error {
+	if s == "" || strings.Trim(s, "0123456789") != "" {
+		return errors.New("not a decimal number")
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return errors.New("out of range")
+	}
+	*p = portNumber(n)
+	return nil
+}
+
 // validate checks every rule of the configuration and replaces Endpoints
 // with their normalized form. It reports all violations, one line each,
 // naming the flag and its variable and saying what is allowed.
@@ -298,8 +345,8 @@ func (c *config) validate() error { //nolint:cyclop,gocognit // every cross-fiel
 	if (c.HealthCheckCertFile == "") != (c.HealthCheckKeyFile == "") {
 		errs = append(errs, flagError("health-check-cert-file", "and %s must be set together: got cert %q, key %q", flagRef("health-check-key-file"), c.HealthCheckCertFile, c.HealthCheckKeyFile))
 	}
-	if strings.TrimSpace(c.HealthCheckServerName) == "" {
-		errs = append(errs, flagError("health-check-server-name", "must not be empty"))
+	if !validHost(c.HealthCheckServerName) {
+		errs = append(errs, flagError("health-check-server-name", "must be an IP address or RFC 1123 hostname: got %q", c.HealthCheckServerName))
 	}
 	return errors.Join(errs...)
 }

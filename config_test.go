@@ -159,7 +159,8 @@ func TestParseConfigMalformedVariable(t *testing.T) {
 		want  string
 	}{
 		{"EP_HEALTH_INTERVAL", "abc", `EP_HEALTH_INTERVAL (--health-interval): invalid duration "abc"`},
-		{"EP_BIND_PORT", "seven", `EP_BIND_PORT (--bind-port): invalid integer "seven"`},
+		{"EP_BIND_PORT", "seven", `EP_BIND_PORT (--bind-port): invalid port "seven"`},
+		{"EP_HEALTH_PORT", "0x1d1d", `EP_HEALTH_PORT (--health-port): invalid port "0x1d1d"`},
 		{"EP_ENABLE_DISCOVERY", "maybe", `EP_ENABLE_DISCOVERY (--enable-discovery): invalid boolean "maybe"`},
 	}
 	for _, tt := range tests {
@@ -222,6 +223,10 @@ func TestValidationRules(t *testing.T) {
 		{name: "key without cert", flag: "health-check-key-file", value: "/tls/client.key", mention: []string{"health-check-cert-file"}},
 		// A blank, not an empty, value: an empty variable counts as unset.
 		{name: "server name blank", flag: "health-check-server-name", value: " "},
+		// A trailing blank, easy to pick up from YAML, would make every
+		// probe URL invalid and every upstream unready.
+		{name: "server name with a trailing blank", flag: "health-check-server-name", value: "kubernetes.default.svc "},
+		{name: "server name with a path", flag: "health-check-server-name", value: "kubernetes/readyz"},
 	}
 	for _, tt := range tests {
 		var base []string
@@ -599,6 +604,42 @@ func TestNewLogger(t *testing.T) {
 				t.Errorf("got level %q msg %q; want level %q msg %q", record.Level, record.Msg, tt.want, "hello")
 			}
 		})
+	}
+}
+
+// A bad value on the command line gets the same kind of message as one in
+// an EP_ variable: the flag, its variable, the kind of value and the value.
+func TestParseConfigMalformedFlag(t *testing.T) {
+	tests := []struct{ arg, want string }{
+		{"--health-interval=abc", `--health-interval (EP_HEALTH_INTERVAL): invalid duration "abc"`},
+		{"--bind-port=seven", `--bind-port (EP_BIND_PORT): invalid port "seven"`},
+		{"--bind-port=-1", `--bind-port (EP_BIND_PORT): invalid port "-1"`},
+		{"--health-port=99999999999999999999", `--health-port (EP_HEALTH_PORT): invalid port "99999999999999999999"`},
+		{"--enable-discovery=maybe", `--enable-discovery (EP_ENABLE_DISCOVERY): invalid boolean "maybe"`},
+		{`--health-timeout=say "1s"`, `--health-timeout (EP_HEALTH_TIMEOUT): invalid duration "say \"1s\""`},
+		{"--no-such-flag", "flag provided but not defined: -no-such-flag"},
+	}
+	for _, tt := range tests {
+		_, err := parseConfig([]string{"--endpoints=" + testEndpoint, tt.arg}, envOf(nil), io.Discard)
+		if err == nil || err.Error() != tt.want {
+			t.Errorf("%s: got %v; want %s", tt.arg, err, tt.want)
+		}
+	}
+}
+
+// Ports are decimal: flag.IntVar would read 07445 as octal 3877 and take
+// 0x1d1d, so the listener would open on a port nobody expects.
+func TestParseConfigPortsAreDecimal(t *testing.T) {
+	args := []string{"--endpoints=" + testEndpoint, "--bind-port=07445"}
+	cfg, err := parseConfig(args, envOf(map[string]string{"EP_HEALTH_PORT": "08080"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.BindPort != 7445 || cfg.HealthPort != 8080 {
+		t.Errorf("ports %d, %d; want 7445, 8080", cfg.BindPort, cfg.HealthPort)
+	}
+	if _, err := parseConfig([]string{"--endpoints=" + testEndpoint, "--bind-port=0x1d1d"}, envOf(nil), io.Discard); err == nil {
+		t.Error("--bind-port=0x1d1d: got no error; want one")
 	}
 }
 
