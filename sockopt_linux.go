@@ -323,6 +323,12 @@ func (c *streamCopy) release() {
 func (c *streamCopy) splice() (int, error) {
 	c.woken = false
 	if more, err := c.wait(c.countFn); !more {
+		if errors.Is(err, errUrgentMark) {
+			// splice(2) stops short of TCP urgent data; read(2) steps
+			// over the urgent byte and goes on with the stream.
+			c.bulk = false
+			return c.readWrite()
+		}
 		return 0, err
 	}
 	c.lr.N = int64(c.n)
@@ -342,17 +348,27 @@ func (c *streamCopy) count(fd uintptr) bool {
 	return !errors.Is(c.err, unix.EAGAIN)
 }
 
+// errUrgentMark says that the next byte queued is TCP urgent data, which
+// splice(2) cannot move past.
+var errUrgentMark = errors.New("at the TCP urgent mark")
+
 // queuedNow returns the bytes queued on fd without waiting: EAGAIN when
 // none are and the stream goes on, 0 at its end. countFirst asks SIOCINQ
 // first, as bytes are likely there once the poller reported input; before
 // a wait a peek alone tells the usual case, an idle stream, in one call.
 // (SIOCINQ tells neither an ended nor a failed stream from an idle one.)
+// SIOCINQ counts up to the urgent mark, while the peek skips the urgent
+// byte: bytes seen by the peek but not counted mean errUrgentMark.
 func queuedNow(fd int, peek []byte, countFirst bool) (int, error) {
+	peeked := false
 	for {
 		if countFirst {
 			n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
 			if err != nil || n > 0 {
 				return n, err
+			}
+			if peeked {
+				return 0, errUrgentMark
 			}
 		}
 		m, _, err := unix.Recvfrom(fd, peek, unix.MSG_PEEK|unix.MSG_DONTWAIT)
@@ -364,7 +380,7 @@ func queuedNow(fd int, peek []byte, countFirst bool) (int, error) {
 		case m == 0:
 			return 0, nil
 		}
-		countFirst = true // bytes are queued: count them
+		countFirst, peeked = true, true // bytes are queued: count them
 	}
 }
 
