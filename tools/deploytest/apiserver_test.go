@@ -211,7 +211,7 @@ func checkAccess(ctx context.Context, t *testing.T, clientset kubernetes.Interfa
 		verb, group, resource, namespace string
 		want                             bool
 	}{
-		{"get", "discovery.k8s.io", "endpointslices", "default", true},
+		{"get", "discovery.k8s.io", "endpointslices", "default", false},
 		{"list", "discovery.k8s.io", "endpointslices", "default", true},
 		{"watch", "discovery.k8s.io", "endpointslices", "default", true},
 		{"list", "discovery.k8s.io", "endpointslices", "kube-system", false},

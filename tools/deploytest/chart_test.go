@@ -460,6 +460,21 @@ func TestTemplateMatrix(t *testing.T) {
 
 // TestTemplateRejects checks that values the daemon would refuse, or that
 // make no sense together, stop the render with a message saying why.
+// TestTemplatePortBySet changes one port with --set, the usual override:
+// helm gives it as an integer where the values file gives a float, and the
+// chart's check that the ports differ must compare the two.
+func TestTemplatePortBySet(t *testing.T) {
+	for _, set := range []string{"healthPort=7447", "bindPort=7500"} {
+		m := render(t, withEndpoints(nil), "--set", set)
+		env := envValues(t, container(t, m))
+		name, value, _ := strings.Cut(set, "=")
+		variable := map[string]string{"healthPort": "EP_HEALTH_PORT", "bindPort": "EP_BIND_PORT"}[name]
+		if env[variable] != value {
+			t.Errorf("--set %s: %s = %q; want %s", set, variable, env[variable], value)
+		}
+	}
+}
+
 func TestTemplateRejects(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -483,6 +498,7 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "unknown credentials", values: withEndpoints(map[string]any{"readyz": map[string]any{"credentials": "password"}}), want: []string{"'/readyz/credentials'", "must be one of"}},
 		{name: "port out of range", values: withEndpoints(map[string]any{"bindPort": 70000}), want: []string{"'/bindPort'", "maximum"}},
 		{name: "same ports", values: withEndpoints(map[string]any{"healthPort": 7445}), want: []string{"bindPort and healthPort must differ"}},
+		{name: "same ports with one set by flag", values: withEndpoints(nil), set: []string{"healthPort=7445"}, want: []string{"bindPort and healthPort must differ"}},
 		{name: "maxUnavailable zero", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": 0}}), want: []string{"'/updateStrategy/maxUnavailable'", "minimum"}},
 		{name: "PodMonitor without exposed metrics", values: withEndpoints(map[string]any{"metrics": map[string]any{"podMonitor": map[string]any{"enabled": true}}}), want: []string{"metrics.podMonitor.enabled needs metrics.expose"}},
 		{name: "exposed metrics and a health bind address", values: withEndpoints(map[string]any{"healthBindAddress": "0.0.0.0", "metrics": map[string]any{"expose": true}}), want: []string{"leave healthBindAddress empty"}},
@@ -547,8 +563,11 @@ func checkInvariants(t *testing.T, m *manifest) {
 	if !pod.HostNetwork {
 		t.Error("hostNetwork is not true")
 	}
-	if pod.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
-		t.Errorf("dnsPolicy = %q; want ClusterFirstWithHostNet", pod.DNSPolicy)
+	// The node's resolver: the daemon never needs cluster DNS, and a
+	// hostname endpoint looked up there would wait on kube-proxy or the
+	// CNI, which wait on the daemon.
+	if pod.DNSPolicy != corev1.DNSDefault {
+		t.Errorf("dnsPolicy = %q; want Default", pod.DNSPolicy)
 	}
 	if pod.PriorityClassName != "system-node-critical" {
 		t.Errorf("priorityClassName = %q; want system-node-critical", pod.PriorityClassName)
@@ -671,7 +690,7 @@ func checkDiscoveryRBAC(t *testing.T, m *manifest) {
 	wantRules := []rbacv1.PolicyRule{{
 		APIGroups: []string{"discovery.k8s.io"},
 		Resources: []string{"endpointslices"},
-		Verbs:     []string{"get", "list", "watch"},
+		Verbs:     []string{"list", "watch"},
 	}}
 	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].APIGroups, wantRules[0].APIGroups) ||
 		!slices.Equal(role.Rules[0].Resources, wantRules[0].Resources) || !slices.Equal(role.Rules[0].Verbs, wantRules[0].Verbs) ||

@@ -95,7 +95,8 @@ probes go to the pod IP, which is the node IP under hostNetwork.
 {{- if and .Values.discovery.cache.enabled (not .Values.discovery.enabled) -}}
 {{- fail "discovery.cache.enabled needs discovery.enabled=true: the daemon keeps and reads the endpoint cache only with discovery on" -}}
 {{- end -}}
-{{- if eq .Values.bindPort .Values.healthPort -}}
+{{- /* int: values files give float64, --set gives int64, and eq refuses to compare the two */ -}}
+{{- if eq (int .Values.bindPort) (int .Values.healthPort) -}}
 {{- fail (printf "bindPort and healthPort must differ: both are %v" .Values.bindPort) -}}
 {{- end -}}
 {{- end -}}
