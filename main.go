@@ -9,11 +9,15 @@
 //
 //	extractedprism --endpoints 10.0.0.1:6443,10.0.0.2:6443,10.0.0.3:6443
 //
+// The kubelet's balancer runs as a systemd unit or a static pod: the kubelet
+// learns of DaemonSet pods from the API, so it would lose the API for good
+// the first time a DaemonSet pod that carries its connections went away.
+//
 // Every flag has an EP_* environment variable (--bind-port is EP_BIND_PORT).
 // A flag given on the command line wins over its variable, which wins over
 // the default. Invalid values stop the program before it listens, with a
-// message that names the flag and the variable. Run with --help for the
-// full list:
+// message that names the flag and the variable. Ports are decimal. Run
+// --help for the full list:
 //
 //	--bind-address          EP_BIND_ADDRESS          127.0.0.1   proxy listener address
 //	--bind-port             EP_BIND_PORT             7445        proxy listener port
@@ -107,7 +111,8 @@
 //
 // SIGINT or SIGTERM stops discovery, closes the listener, force-closes the
 // proxied connections, waits up to 5 s for their goroutines and gives the
-// health server 5 s to finish. The exit status is 0.
+// health server 5 s to finish. The exit status is 0, or 1 if the goroutines
+// outlast the 5 s or the health server had failed.
 package main
 
 import (
