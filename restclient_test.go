@@ -209,10 +209,13 @@ func TestKubeWatcherBacksOffFailedWatchCalls(t *testing.T) {
 	if n := lists.Load(); n != 1 {
 		t.Errorf("%d list requests; want 1", n)
 	}
-	if n := watches.Load(); n != 2 {
-		t.Errorf("%d watch requests in 2.5 s; want 2 (at 0 s and 1 s)", n)
+	// Requests at 0 s and 1 s; a slow machine may delay the second, never
+	// add a third.
+	n := watches.Load()
+	if n < 1 || n > 2 {
+		t.Errorf("%d watch requests in 2.5 s; want 2 (at 0 s and 1 s), or 1 on a slow machine", n)
 	}
-	if got := testutil.ToFloat64(m.discoveryErrors.WithLabelValues(kubeProviderName)); got != 2 {
-		t.Errorf("discovery errors %v; want 2, one per failed Watch call", got)
+	if got := testutil.ToFloat64(m.discoveryErrors.WithLabelValues(kubeProviderName)); got != float64(n) {
+		t.Errorf("discovery errors %v; want %d, one per failed Watch call", got, n)
 	}
 }
