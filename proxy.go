@@ -320,7 +320,7 @@ func (p *proxy) open() int {
 // notePeak raises peak to the connections open now; serve calls it after
 // each accept.
 func (p *proxy) notePeak() {
-	if n := int64(len(p.slots)); n > p.peak.Load() {
+	if n := int64(p.open()); n > p.peak.Load() {
 		p.peak.Store(n)
 	}
 }
