@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -330,4 +332,38 @@ func round(d time.Duration) time.Duration {
 		return d.Round(10 * time.Millisecond)
 	}
 	return d.Round(10 * time.Microsecond)
+}
+
+// TestSweepSettingsSurviveAnEarlyProbe checks the order in which apply sets
+// the sweep settings. The kernel may run a socket's keepalive timer between
+// any two of its system calls; here it gets 100 ms to, after the first
+// stage. Had that stage rescheduled the timer (by setting the idle time, as
+// SetKeepAliveConfig does first), the probe it sent would wait the normal
+// 15 s interval for the next, and the connection would outlive the black
+// hole by that much.
+func TestSweepSettingsSurviveAnEarlyProbe(t *testing.T) {
+	if !inPrivateNetns(t, "-test.run=^TestSweepSettingsSurviveAnEarlyProbe$", "-test.v") {
+		return
+	}
+	up := startUpstream(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
+	d := newProxy(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()), nil, time.Second, 1).dial
+	c, err := d(context.Background(), "tcp", up.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	time.Sleep(1100 * time.Millisecond) // idle for longer than the sweep's idle time
+	restore := dropPort(t, up.ln.Addr().(*net.TCPAddr).Port)
+	defer restore()
+	start := time.Now()
+	tc := c.(*net.TCPConn)
+	sweepSettings.setProbing(tc)
+	time.Sleep(100 * time.Millisecond)
+	sweepSettings.setIdle(tc)
+	_ = c.SetReadDeadline(start.Add(10 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	took := time.Since(start)
+	if !errors.Is(err, syscall.ETIMEDOUT) || took > 5*time.Second {
+		t.Errorf("connection to the black hole ended after %v with %v; want ETIMEDOUT within 5 s", took.Round(time.Millisecond), err)
+	}
 }

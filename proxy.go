@@ -90,10 +90,28 @@ func (s socketSettings) apply(c net.Conn) {
 	if !ok {
 		return
 	}
-	_ = tc.SetKeepAliveConfig(s.keepAlive)
+	s.setProbing(tc)
+	s.setIdle(tc)
+}
+
+// setProbing sets all of s but the idle time, which setIdle sets last.
+// Setting the idle time reschedules the keepalive timer, due at once on a
+// socket idle for longer, and the timer may run before the next system
+// call. A probe it sends is followed by the next one after the interval in
+// force then: with the idle time set first, as SetKeepAliveConfig does, a
+// swept connection could wait the old 15 s interval instead of 1 s.
+func (s socketSettings) setProbing(tc *net.TCPConn) {
+	ka := s.keepAlive
+	ka.Idle = -1 // left as it is
+	_ = tc.SetKeepAliveConfig(ka)
 	if rc, err := tc.SyscallConn(); err == nil {
 		_ = setUserTimeout(rc, s.userTimeout)
 	}
+}
+
+// setIdle sets the keepalive idle time of s; see setProbing.
+func (s socketSettings) setIdle(tc *net.TCPConn) {
+	_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: s.keepAlive.Enable, Idle: s.keepAlive.Idle, Interval: -1, Count: -1})
 }
 
 // hedgeDelay derives the hedge delay from the connect times of the
