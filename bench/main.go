@@ -53,6 +53,9 @@ type config struct {
 }
 
 func main() {
+	if gocopyMain(os.Args[1:]) {
+		return
+	}
 	cfg, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -82,7 +85,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.command, "command", "", "the command line to record in the report")
 	fs.StringVar(&c.proxyCPU, "proxy-cpu", "1", "taskset CPU list for the proxies")
 	fs.StringVar(&c.scenarios, "scenarios", "connrate,reqresp,bulk,strace,idle,footprint,failover,fdlimit", "scenarios to run")
-	systems := fs.String("systems", "direct,haproxy,nginx,extractedprism", "systems to compare")
+	systems := fs.String("systems", "direct,haproxy,nginx,extractedprism,gocopy", "systems to compare (gocopy, a reference, runs only in the connection-rate, request/response and bulk scenarios)")
 	fs.DurationVar(&c.waitQuiet, "wait-quiet", 0, "wait up to this long for the 1-minute load average to fall below -quiet-load")
 	fs.Float64Var(&c.quietLoad, "quiet-load", 1.5, "load average below which the machine counts as quiet")
 	fs.DurationVar(&c.maxTime, "max-time", 40*time.Minute, "abort the whole run after this long")
@@ -192,7 +195,11 @@ func run(cfg *config) error {
 	for _, u := range b.ups {
 		addrs = append(addrs, u.addr)
 	}
-	b.env = &env{tmp: tmp, upstreams: addrs, epBin: cfg.epBin, alt: cfg.alt, proxyCPU: cfg.proxyCPU, nofile: nofile}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	b.env = &env{tmp: tmp, upstreams: addrs, self: self, epBin: cfg.epBin, alt: cfg.alt, proxyCPU: cfg.proxyCPU, nofile: nofile}
 
 	// Stop every proxy on SIGINT/SIGTERM or when the run takes too long.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -344,9 +351,15 @@ func (b *bench) stopAll() {
 	clear(b.running)
 }
 
-// proxies are the systems other than direct.
+// proxies are the load balancers: the systems other than direct and the
+// gocopy reference, which has no health checks or limits to measure.
 func (b *bench) proxies() []string {
-	return slices.DeleteFunc(slices.Clone(b.cfg.systems), func(s string) bool { return s == sysDirect })
+	return b.without(sysDirect, sysGoCopy)
+}
+
+// without returns the systems other than those named.
+func (b *bench) without(names ...string) []string {
+	return slices.DeleteFunc(slices.Clone(b.cfg.systems), func(s string) bool { return slices.Contains(names, s) })
 }
 
 // interleave runs fn for every system, reps times, in the order A, B, C,
@@ -467,6 +480,7 @@ func (b *bench) notes() string {
 var staticNotes = []string{
 	"The upstreams are three in-process servers on 127.0.0.1 (echo; or a generator that sends a requested number of bytes and closes). They run on CPU 0 with the load generator, so the direct row measures client plus server on one CPU, and a proxy adds a second CPU to the pipeline: a proxied run can be faster than direct.",
 	"HAProxy: `mode tcp`, `nbthread 1`, `balance random`, `check inter 2s fall 2 rise 1`, `retries 3`, `option redispatch`, `timeout connect 1s`, global `maxconn` from the inherited descriptor limit (two per connection, at most 100,000); default buffers and no `option splice-*` (HAProxy splices only when told to). nginx: stream module, `worker_processes 1`, `random` balancing, `max_fails=2 fail_timeout=2s` (passive checks; nginx has no active ones), `proxy_next_upstream on`, `proxy_next_upstream_tries 3`, `proxy_connect_timeout 1s`, `worker_rlimit_nofile` the inherited limit. extractedprism: `--enable-discovery=false --health-interval 2s --health-timeout 1s`, random selection, built with plain `go build`. Every proxy is a child process of the bench, under `taskset -c 1`, with its config in a temp dir.",
+	"gocopy is a reference, not a load balancer: the bench binary itself as the smallest Go TCP proxy (accept, dial the next upstream in turn, `io.Copy` each way, which splices TCP to TCP on Linux; no health checks, retries or limits), under the same `taskset`. It shows what Go's `net` package and runtime cost on this machine, which every Go proxy pays; it runs only in the connection-rate, request/response and bulk scenarios (its idle connections would each hold two splice pipes while waiting, more descriptors than the idle scenario allows).",
 	"Proxy CPU is utime+stime of the proxying process (nginx: its worker) from /proc/PID/stat before and after the run (10 ms resolution). GB is 10^9 bytes.",
 	"Idle memory is the VmRSS delta of the proxying process divided by the connections; the descriptor count is /proc/PID/fd before and after. Kernel memory is not in RSS: the kernel column is the delta of the machine's SUnreclaim (slab, where sockets and pipe rings live) per connection, so it includes the client's and the upstream's sockets, the same for every system.",
 	"Failover: workers start short connections (connect, 64 B echo, close) at a fixed pace; one of the three upstreams is killed mid-run (listener and connections closed, so new dials to it are refused). 'Failed new' counts connections started after the kill that failed; 'broken in flight' those started before it that failed (they were on the killed upstream). Recovery is the time from the kill to the end of the last new connection that failed or took over 100 ms; 0 when there was none.",

@@ -23,12 +23,14 @@ const (
 	sysHAProxy = "haproxy"
 	sysNginx   = "nginx"
 	sysEP      = "extractedprism"
+	sysGoCopy  = "gocopy" // the reference Go proxy; see serveGoCopy
 )
 
 // env is what every system is started from.
 type env struct {
 	tmp       string            // config files and logs
 	upstreams []string          // the three upstream addresses
+	self      string            // this binary, which serves as sysGoCopy
 	epBin     string            // extractedprism binary
 	alt       map[string]string // other extractedprism builds to compare: system name → binary
 	proxyCPU  string            // taskset CPU list for the proxies
@@ -119,6 +121,8 @@ func (e *env) start(name string, o startOpts) (*instance, error) {
 			return nil, err
 		}
 		argv = []string{"nginx", "-p", dir, "-c", cfg}
+	case sysGoCopy:
+		argv = []string{e.self, gocopyArg, in.addr, strings.Join(e.upstreams, ",")}
 	default:
 		bin := e.epBin
 		if name != sysEP {

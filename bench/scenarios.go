@@ -27,6 +27,15 @@ func (b *bench) addTarget(what, measured string, met bool) {
 	b.tgts = append(b.tgts, target{what: what, measured: measured, met: met, known: true})
 }
 
+// reference returns what the gocopy reference measured, as a suffix for a
+// target's measured value, or "" when it did not run.
+func (b *bench) reference(measured string) string {
+	if !b.has(sysGoCopy) {
+		return ""
+	}
+	return "; Go reference (gocopy): " + measured
+}
+
 func (b *bench) has(system string) bool {
 	for _, s := range b.cfg.systems {
 		if s == system {
@@ -74,7 +83,8 @@ func (b *bench) connRateScenario() error {
 	b.rep.WriteString(t.String())
 	if b.has(sysEP) && b.has(sysHAProxy) {
 		ep, hp := s.med(sysEP, "rate"), s.med(sysHAProxy, "rate")
-		b.addTarget("Connection rate ≥ HAProxy", fmt.Sprintf("%s vs %s conn/s (%s)", fmtNum(ep, 0), fmtNum(hp, 0), ratio(ep, hp)), ep >= hp)
+		b.addTarget("Connection rate ≥ HAProxy", fmt.Sprintf("%s vs %s conn/s (%s)%s", fmtNum(ep, 0), fmtNum(hp, 0), ratio(ep, hp),
+			b.reference(fmt.Sprintf("%s conn/s (%s)", fmtNum(s.med(sysGoCopy, "rate"), 0), ratio(s.med(sysGoCopy, "rate"), hp)))), ep >= hp)
 	}
 	return nil
 }
@@ -184,7 +194,8 @@ func (b *bench) bulkScenario() error {
 				fmt.Sprintf("%s vs %s GB/s (%s)", fmtNum(ep, 2), fmtNum(hp, 2), ratio(ep, hp)), ep >= hp)
 			c := s.med(sysEP+suffix, "cpugb")
 			b.addTarget(fmt.Sprintf("Bulk ≤ 0.2 proxy CPU-s/GB, %d stream(s)", streams),
-				fmt.Sprintf("%s CPU-s/GB (HAProxy %s)", fmtNum(c, 3), fmtNum(s.med(sysHAProxy+suffix, "cpugb"), 3)), c <= 0.2)
+				fmt.Sprintf("%s CPU-s/GB (HAProxy %s)%s", fmtNum(c, 3), fmtNum(s.med(sysHAProxy+suffix, "cpugb"), 3),
+					b.reference(fmtNum(s.med(sysGoCopy+suffix, "cpugb"), 3)+" CPU-s/GB")), c <= 0.2)
 		}
 	}
 	return nil
@@ -525,7 +536,7 @@ func (b *bench) failoverScenario() error {
 		slow    = 100 * time.Millisecond
 	)
 	s := samples{}
-	err := b.interleave(b.cfg.systems, b.cfg.slowReps, startOpts{}, func(in *instance, rep int) error {
+	err := b.interleave(b.without(sysGoCopy), b.cfg.slowReps, startOpts{}, func(in *instance, rep int) error {
 		time.Sleep(500 * time.Millisecond)
 		recs, killTime := paced(in, workers, pace, b.cfg.failDur, b.cfg.failKillAt, b.ups[0].kill)
 		if err := b.ups[0].restart(); err != nil {
@@ -583,7 +594,7 @@ func (b *bench) failoverScenario() error {
 			workers, pace, b.cfg.failDur, b.cfg.failKillAt))
 	var t table
 	t.head = []string{"System", "new conns after kill", "failed new (all runs)", "slow new (> 100 ms)", "max new conn ms", "broken in flight", "recovery s", "p99 before kill ms"}
-	for _, name := range b.cfg.systems {
+	for _, name := range b.without(sysGoCopy) {
 		rec := fmtNum(s.med(name, "recovery"), 3)
 		if s.med(name, "recovery") < 0 {
 			rec = "never (failing until the end)"

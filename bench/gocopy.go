@@ -1,0 +1,72 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"strings"
+	"time"
+)
+
+// gocopyArg, as the first argument, makes the bench binary the reference
+// proxy of the system sysGoCopy: `bench -gocopy-serve ADDR UP1,UP2,UP3`.
+const gocopyArg = "-gocopy-serve"
+
+// serveGoCopy is the smallest Go TCP proxy: accept, dial the next upstream
+// in turn, io.Copy each way (TCPConn.ReadFrom splices TCP to TCP on Linux),
+// pass each end on as a half-close. No health checks, retries or limits.
+// It measures what Go's net package and the runtime cost on this machine,
+// which any Go proxy pays, extractedprism included; that is its only use.
+func serveGoCopy(addr string, upstreams []string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	for i := 0; ; i++ {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			time.Sleep(10 * time.Millisecond) // descriptors out: wait, like a real proxy
+			continue
+		}
+		go goCopyConn(c.(*net.TCPConn), upstreams[i%len(upstreams)])
+	}
+}
+
+func goCopyConn(client *net.TCPConn, addr string) {
+	defer client.Close()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return
+	}
+	up := c.(*net.TCPConn)
+	defer up.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = io.Copy(up, client)
+		_ = up.CloseWrite()
+	}()
+	_, _ = io.Copy(client, up)
+	_ = client.CloseWrite()
+	<-done
+}
+
+// gocopyMain runs the reference proxy when args ask for it, and reports
+// whether they did.
+func gocopyMain(args []string) bool {
+	if len(args) == 0 || args[0] != gocopyArg {
+		return false
+	}
+	if len(args) != 3 {
+		fmt.Fprintf(os.Stderr, "bench: usage: %s ADDR UPSTREAM,...\n", gocopyArg)
+		os.Exit(2)
+	}
+	log.Fatal(serveGoCopy(args[1], strings.Split(args[2], ",")))
+	return true
+}
