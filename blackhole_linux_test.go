@@ -336,11 +336,11 @@ func round(d time.Duration) time.Duration {
 
 // TestSweepSettingsSurviveAnEarlyProbe checks the order in which apply sets
 // the sweep settings. The kernel may run a socket's keepalive timer between
-// any two of its system calls; here it gets 100 ms to, after the first
-// stage. Had that stage rescheduled the timer (by setting the idle time, as
-// SetKeepAliveConfig does first), the probe it sent would wait the normal
-// 15 s interval for the next, and the connection would outlive the black
-// hole by that much.
+// any two of apply's system calls; the test leaves 100 ms for that between
+// its two stages. Had the first stage rescheduled the timer (by setting the
+// idle time, as SetKeepAliveConfig does first), the probe sent then would
+// wait the normal 15 s interval for the next, and the connection would
+// outlive the black hole by that much.
 func TestSweepSettingsSurviveAnEarlyProbe(t *testing.T) {
 	if !inPrivateNetns(t, "-test.run=^TestSweepSettingsSurviveAnEarlyProbe$", "-test.v") {
 		return
