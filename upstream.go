@@ -263,7 +263,8 @@ func (p *pool) removeLocked(u *upstream) {
 
 // reportCheck applies one health-check result to u's state machine; rtt is
 // the connect time of a successful check. It reports whether u failed but is
-// still included, so a quick check should confirm the failure.
+// still included, so a quick check should confirm the failure: a failed
+// connect while u is healthy, or a failed /readyz probe while u is ready.
 func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -284,7 +285,10 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 	if changed || res.err == nil {
 		p.publishLocked()
 	}
-	return res.err != nil && u.healthy
+	if res.err != nil {
+		return u.healthy
+	}
+	return p.cfg.readyz && res.notReady != nil && u.ready
 }
 
 // applyReadyLocked moves u's readiness by one check result and reports

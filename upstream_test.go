@@ -499,6 +499,41 @@ func TestQuickRecheckConfirmsFailureInSeconds(t *testing.T) {
 	})
 }
 
+// A failed /readyz probe that leaves the upstream ready is confirmed 1 s
+// later too: an API server that lost etcd quorum is out within seconds, not
+// after a second interval.
+func TestQuickRecheckConfirmsNotReadyInSeconds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := defaultTestPool
+		cfg.quickRecheck = time.Second
+		tp := newReadyzPool(cfg)
+		defer tp.close()
+		const a = "10.0.0.1:6443"
+		tp.update([]string{a})
+		synctest.Wait() // the first probe passes: ready
+		tp.checks.setUnready(a, true)
+		time.Sleep(cfg.interval) // this probe fails: still ready
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		tp.mu.Lock()
+		ready := tp.upstreams[a].ready
+		tp.mu.Unlock()
+		tp.checks.mu.Lock()
+		at := tp.checks.callsAt[a]
+		tp.checks.mu.Unlock()
+		if ready || len(at) != 3 || at[2].Sub(at[1]) != time.Second {
+			t.Errorf("ready %v 1 s after the first failed probe, check times %v; want not ready, the third check 1 s after the second", ready, at)
+		}
+		// Once not ready, probes return to the normal interval.
+		time.Sleep(cfg.interval)
+		synctest.Wait()
+		if got := tp.checks.count(a); got != 4 {
+			t.Errorf("checks after exclusion: got %d; want 4", got)
+		}
+	})
+}
+
 func TestFailedDialTriggersCheck(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp := newTestPool(defaultTestPool)
