@@ -424,7 +424,10 @@ func (p *proxy) connect(ctx context.Context, pc *proxyConn) (*upstream, error) {
 			if cd.finish(a, pc) {
 				return a.u, nil
 			}
-			if cd.inflight == 0 && cd.start(false) {
+			// The dial still in flight, or the next one, gets a hedge
+			// of its own: one hanging dial must not hold the client
+			// for the dial timeout while other upstreams are there.
+			if cd.inflight > 0 || cd.start(false) {
 				hedge.Reset(p.pool.snap.Load().hedgeDelay)
 			}
 		case <-hedge.C:

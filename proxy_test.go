@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -612,4 +613,44 @@ func TestWorkersReuseIdleOnesAndEnd(t *testing.T) {
 			t.Errorf("stop took %v; want no wait", waited)
 		}
 	})
+}
+
+// TestHedgeFollowsFailedDial: the first dial fails after the hedge delay,
+// by which time a hedged dial is hanging on a black hole. The hanging dial
+// gets a hedge of its own, so the client waits about two hedge delays, not
+// the dial timeout.
+func TestHedgeFollowsFailedDial(t *testing.T) {
+	var addrs []string
+	for range 3 {
+		addrs = append(addrs, startUpstream(t, echo).addr)
+	}
+	var mu sync.Mutex
+	dials := 0
+	wrap := func(d dialFunc) dialFunc {
+		return func(ctx context.Context, network, addr string) (net.Conn, error) {
+			mu.Lock()
+			dials++
+			n := dials
+			mu.Unlock()
+			switch n {
+			case 1: // refused late, like a restarting API server
+				time.Sleep(300 * time.Millisecond)
+				return nil, syscall.ECONNREFUSED
+			case 2: // a black hole
+				<-ctx.Done()
+				return nil, ctx.Err()
+			}
+			return d(ctx, network, addr)
+		}
+	}
+	px := startProxyDial(t, poolConfig{}, wrap, addrs...)
+	waitFor(t, "a hedge delay from measured connects", func() bool { return px.pool.snap.Load().hedgeDelay < 100*time.Millisecond })
+	start := time.Now()
+	c := dialProxy(t, px.addr)
+	if err := roundTrip(c, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("first byte after %v; want under 1 s (dial timeout %v)", took.Round(time.Millisecond), px.dialTimeout)
+	}
 }
