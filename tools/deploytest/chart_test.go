@@ -458,8 +458,6 @@ func TestTemplateMatrix(t *testing.T) {
 	}
 }
 
-// TestTemplateRejects checks that values the daemon would refuse, or that
-// make no sense together, stop the render with a message saying why.
 // TestTemplatePortBySet changes one port with --set, the usual override:
 // helm gives it as an integer where the values file gives a float, and the
 // chart's check that the ports differ must compare the two.
@@ -475,6 +473,8 @@ func TestTemplatePortBySet(t *testing.T) {
 	}
 }
 
+// TestTemplateRejects checks that values the daemon would refuse, or that
+// make no sense together, stop the render with a message saying why.
 func TestTemplateRejects(t *testing.T) {
 	tests := []struct {
 		name   string
