@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // privateNetnsEnv marks the copy of the test binary that runs in a private
@@ -67,11 +68,19 @@ func runCmd(tb testing.TB, name string, args ...string) {
 // cable was cut, and returns the function that restores it.
 func dropPort(tb testing.TB, port int) (restore func()) {
 	tb.Helper()
+	return dropPortAt(tb, "output", port)
+}
+
+// dropPortAt is dropPort with the packets dropped at the netfilter hook
+// given: "output" as they are sent, "input" as they arrive. A drop at
+// output is a local error the sender sees; one at input is not.
+func dropPortAt(tb testing.TB, hook string, port int) (restore func()) {
+	tb.Helper()
 	p := strconv.Itoa(port)
 	runCmd(tb, "nft", "add", "table", "inet", "eptest")
-	runCmd(tb, "nft", "add", "chain", "inet", "eptest", "out", "{ type filter hook output priority 0; }")
-	runCmd(tb, "nft", "add", "rule", "inet", "eptest", "out", "tcp", "dport", p, "drop")
-	runCmd(tb, "nft", "add", "rule", "inet", "eptest", "out", "tcp", "sport", p, "drop")
+	runCmd(tb, "nft", "add", "chain", "inet", "eptest", "c", "{ type filter hook "+hook+" priority 0; }")
+	runCmd(tb, "nft", "add", "rule", "inet", "eptest", "c", "tcp", "dport", p, "drop")
+	runCmd(tb, "nft", "add", "rule", "inet", "eptest", "c", "tcp", "sport", p, "drop")
 	return func() { runCmd(tb, "nft", "delete", "table", "inet", "eptest") }
 }
 
@@ -366,4 +375,72 @@ func TestSweepSettingsSurviveAnEarlyProbe(t *testing.T) {
 	if !errors.Is(err, syscall.ETIMEDOUT) || took > 5*time.Second {
 		t.Errorf("connection to the black hole ended after %v with %v; want ETIMEDOUT within 5 s", took.Round(time.Millisecond), err)
 	}
+}
+
+// TestSweepEndsBackedOffRetransmission covers the connection the sweep's
+// socket settings cannot end in time: its data was already unacknowledged,
+// and its retransmission timer backed off, when the upstream became
+// suspect. The kernel consults the new user timeout only when that timer
+// next fires, at backoff 6 about 12.8 s later; the sweep's own look at
+// TCP_INFO must end it within about 3.5 s.
+func TestSweepEndsBackedOffRetransmission(t *testing.T) {
+	if !inPrivateNetns(t, "-test.run=^TestSweepEndsBackedOffRetransmission$", "-test.v") {
+		return
+	}
+	sw := newSwept(t)
+	// Dropped at input, the retransmissions leave and vanish, and the
+	// timer backs off as on a real network. (Dropped at output, each one
+	// fails locally and the kernel retries every 500 ms without backing off.)
+	restore := dropPortAt(t, "input", sw.up.ln.Addr().(*net.TCPAddr).Port)
+	defer restore()
+	if _, err := sw.client.Write([]byte("lost")); err != nil {
+		t.Fatal(err)
+	}
+	waitBackoff(t, sw.upConn, 6, 30*time.Second)
+	start := time.Now()
+	sw.px.pool.reportCheck(sw.u, checkResult{err: errCheck})
+	_ = sw.client.SetReadDeadline(start.Add(12 * time.Second))
+	_, err := sw.client.Read(make([]byte, 1))
+	took := time.Since(start)
+	var ne net.Error
+	if err == nil || (asNetErr(err, &ne) && ne.Timeout()) || took > 6*time.Second {
+		t.Fatalf("connection with backed-off retransmission ended %v after the upstream became suspect (%v); want within 6 s", took.Round(time.Millisecond), err)
+	}
+	if got := testutil.ToFloat64(sw.px.m.deadConnsClosed); got != 1 {
+		t.Errorf("dead connections counted: %v; want 1", got)
+	}
+}
+
+// waitBackoff waits until c's retransmission timer has backed off at least
+// n times.
+func waitBackoff(t *testing.T, c net.Conn, n uint8, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		ti := tcpInfo(t, c)
+		if ti.Backoff >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retransmission backoff after %v: %d, unacknowledged %d; want %d", limit, ti.Backoff, ti.Unacked, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func tcpInfo(t *testing.T, c net.Conn) *unix.TCPInfo {
+	t.Helper()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ti *unix.TCPInfo
+	var serr error
+	if err := rc.Control(func(fd uintptr) { ti, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	return ti
 }

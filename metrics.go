@@ -113,7 +113,7 @@ func (m *metrics) addBeyondSpec() {
 	})
 	m.deadConnsClosed = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: metricNamespace, Name: "dead_connections_closed_total",
-		Help: "Proxied connections closed because the kernel timed out a peer, usually the upstream (keepalive or TCP_USER_TIMEOUT).",
+		Help: "Proxied connections closed because the kernel timed out a peer, usually the upstream (keepalive or TCP_USER_TIMEOUT), or because the sweep found their upstream had stopped acknowledging their data.",
 	})
 	m.dialSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricNamespace, Name: "upstream_dial_duration_seconds",

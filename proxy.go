@@ -136,6 +136,10 @@ func hedgeDelay(groups [][]*upstream) time.Duration {
 type proxyConn struct {
 	client   net.Conn
 	upstream net.Conn // set before the pool learns of pc, never changed after
+	// dead is set once pc is counted in dead_connections_closed_total: by
+	// the copy that met the kernel's ETIMEDOUT or by the pool's sweep
+	// (see pool.closeStalled), whichever comes first.
+	dead atomic.Bool
 }
 
 // close force-closes both sockets; the copy goroutines then end on their own.
@@ -351,11 +355,10 @@ func (p *proxy) takePeak() int {
 
 // session is one proxied connection while its two directions copy.
 type session struct {
-	p        *proxy
-	u        *upstream
-	pc       *proxyConn
-	running  atomic.Int32 // directions still copying
-	timedOut atomic.Bool  // a direction ended with ETIMEDOUT
+	p       *proxy
+	u       *upstream
+	pc      *proxyConn
+	running atomic.Int32 // directions still copying
 }
 
 // copy copies one direction; the last direction to finish ends the
@@ -366,9 +369,9 @@ type session struct {
 // copyStream needs the *net.TCPConn itself to wait on it and to splice.
 func (s *session) copy(dst, src net.Conn) {
 	if err := copyStream(dst, src); err != nil {
+		s.failed(err) // counted before the client can see the close
 		_ = dst.Close()
 		_ = src.Close()
-		s.failed(err)
 	} else if s.running.Load() > 1 {
 		closeWrite(dst)
 	}
@@ -385,7 +388,7 @@ func (s *session) failed(err error) {
 	if errors.Is(err, syscall.ETIMEDOUT) {
 		// The kernel gave up on a peer that stopped answering: keepalive
 		// or TCP_USER_TIMEOUT, sooner while the upstream is suspect.
-		if !s.timedOut.Swap(true) {
+		if !s.pc.dead.Swap(true) {
 			s.p.m.deadConnsClosed.Inc()
 			s.u.log.Debug("connection to vanished peer closed", "err", err)
 		}

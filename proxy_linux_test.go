@@ -9,15 +9,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sys/unix"
 )
-
-func errEMFILE() error { return syscall.EMFILE }
 
 func TestProxySurvivesDescriptorExhaustion(t *testing.T) {
 	up := startUpstream(t, echo)
@@ -173,7 +170,18 @@ func sockOpt(t *testing.T, c net.Conn, opt int) int {
 	return v
 }
 
-func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
+// swept is a proxy with the sweep on in front of an echo upstream, and one
+// connection through it.
+type swept struct {
+	up     *testUpstream
+	px     *testProxy
+	u      *upstream // up's pool entry
+	client net.Conn
+	upConn net.Conn // the proxy's socket to up
+}
+
+func newSwept(t *testing.T) swept {
+	t.Helper()
 	up := startUpstream(t, echo)
 	px := startProxy(t, poolConfig{sweep: true}, up.addr)
 	c := dialProxy(t, px.addr)
@@ -181,33 +189,69 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	px.pool.mu.Lock()
+	defer px.pool.mu.Unlock()
 	u := px.pool.upstreams[up.addr]
-	var upConn net.Conn
 	for pc := range u.conns {
-		upConn = pc.upstream
+		return swept{up: up, px: px, u: u, client: c, upConn: pc.upstream}
 	}
-	px.pool.mu.Unlock()
+	t.Fatal("no connection attached to the upstream")
+	return swept{}
+}
+
+func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
+	sw := newSwept(t)
 	check := func(when string, idle, userTimeout int) {
 		t.Helper()
-		if got := sockOpt(t, upConn, unix.TCP_KEEPIDLE); got != idle {
+		if got := sockOpt(t, sw.upConn, unix.TCP_KEEPIDLE); got != idle {
 			t.Errorf("%s: TCP_KEEPIDLE got %d; want %d", when, got, idle)
 		}
-		if got := sockOpt(t, upConn, unix.TCP_USER_TIMEOUT); got != userTimeout {
+		if got := sockOpt(t, sw.upConn, unix.TCP_USER_TIMEOUT); got != userTimeout {
 			t.Errorf("%s: TCP_USER_TIMEOUT got %d; want %d", when, got, userTimeout)
 		}
 	}
 	check("normal", 30, 30000)
 	// The dial leaves TCP_KEEPCNT alone: TCP_USER_TIMEOUT overrides it.
-	if got := sockOpt(t, upConn, unix.TCP_KEEPINTVL); got != 15 {
+	if got := sockOpt(t, sw.upConn, unix.TCP_KEEPINTVL); got != 15 {
 		t.Errorf("TCP_KEEPINTVL of a new upstream socket: got %d; want 15", got)
 	}
-	px.pool.reportCheck(u, checkResult{err: errCheck})
+	sw.px.pool.reportCheck(sw.u, checkResult{err: errCheck})
 	check("after one failed check", 1, 3000)
-	if got := sockOpt(t, upConn, unix.TCP_KEEPCNT); got != 3 {
+	if got := sockOpt(t, sw.upConn, unix.TCP_KEEPCNT); got != 3 {
 		t.Errorf("TCP_KEEPCNT while suspect: got %d; want 3", got)
 	}
-	px.pool.reportCheck(u, checkResult{rtt: time.Millisecond})
+	sw.px.pool.reportCheck(sw.u, checkResult{rtt: time.Millisecond})
 	check("after recovery", 30, 30000)
+}
+
+// TestSweepSparesLiveConnections checks that the sweep's look at stalled
+// connections, stalledAfter into a suspicion, leaves the connections of a
+// live upstream alone: a busy one and an idle one.
+func TestSweepSparesLiveConnections(t *testing.T) {
+	t.Parallel()
+	up := startUpstream(t, echo)
+	px := startProxy(t, poolConfig{sweep: true}, up.addr)
+	busy, idle := dialProxy(t, px.addr), dialProxy(t, px.addr)
+	for _, c := range []net.Conn{busy, idle} {
+		if err := roundTrip(c, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	px.pool.mu.Lock()
+	u := px.pool.upstreams[up.addr]
+	px.pool.mu.Unlock()
+	px.pool.reportCheck(u, checkResult{err: errCheck})
+	msg := make([]byte, 64<<10)
+	for end := time.Now().Add(stalledAfter + time.Second); time.Now().Before(end); {
+		if err := roundTrip(busy, msg); err != nil {
+			t.Fatalf("busy connection while its upstream is suspect: %v", err)
+		}
+	}
+	if err := roundTrip(idle, []byte("y")); err != nil {
+		t.Fatalf("idle connection after the sweep's look: %v", err)
+	}
+	if got := testutil.ToFloat64(px.m.deadConnsClosed); got != 0 {
+		t.Errorf("dead connections counted: %v; want 0", got)
+	}
 }
 
 func TestClientSocketsGetKeepaliveAndUserTimeout(t *testing.T) {

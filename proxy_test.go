@@ -21,6 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
+// errEMFILE is the error of a system call that ran out of descriptors.
+func errEMFILE() error { return syscall.EMFILE }
+
 // testUpstream is a real TCP server on 127.0.0.1:0 that runs handler for each
 // connection and can be killed, closing its listener and every connection.
 type testUpstream struct {

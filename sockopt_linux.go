@@ -401,3 +401,27 @@ func closeWrite(c net.Conn) {
 		})
 	}
 }
+
+// stalledFor returns how long c's peer has not acknowledged anything while
+// c retransmits unacknowledged data, 0 if c is not retransmitting.
+func stalledFor(c net.Conn) time.Duration {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return 0
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var ti *unix.TCPInfo
+	if err := rc.Control(func(fd uintptr) {
+		ti, _ = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	}); err != nil || ti == nil {
+		return 0
+	}
+	// x/sys names the kernel's TCP states after BPF's copy of the list.
+	if ti.State == unix.BPF_TCP_CLOSE || ti.Unacked == 0 || ti.Backoff == 0 {
+		return 0
+	}
+	return time.Duration(ti.Last_ack_recv) * time.Millisecond
+}

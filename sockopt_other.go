@@ -12,6 +12,10 @@ import (
 // setUserTimeout is a no-op outside Linux, which alone has TCP_USER_TIMEOUT.
 func setUserTimeout(syscall.RawConn, time.Duration) error { return nil }
 
+// stalledFor is 0 where TCP_INFO is not read: the sweep leaves stalled
+// connections to the kernel.
+func stalledFor(net.Conn) time.Duration { return 0 }
+
 // openFilesLimit is a conservative guess where it is not read.
 func openFilesLimit() uint64 { return 1024 }
 

@@ -43,6 +43,9 @@ type upstream struct {
 	// suspect is set from the first failed check or dial until the next
 	// success; while set, the upstream's sockets use sweepSettings.
 	suspect bool
+	// sweepDone is closed when suspicion ends before the sweep's check of
+	// stalled connections (see closeStalled); nil when none is pending.
+	sweepDone chan struct{}
 	// recheck asks the probe loop for a check now; a failed client dial
 	// pokes it. Buffered: one pending request is enough.
 	recheck chan struct{}
@@ -220,7 +223,13 @@ func (p *pool) drainWait(u *upstream, done chan struct{}) {
 // waitDrainTimeout waits --drain-timeout and reports whether it expired
 // before done closed or the pool shut down.
 func (p *pool) waitDrainTimeout(done <-chan struct{}) bool {
-	t := time.NewTimer(p.cfg.drainTimeout)
+	return p.waitFor(p.cfg.drainTimeout, done)
+}
+
+// waitFor waits d and reports whether it passed before done closed or the
+// pool shut down.
+func (p *pool) waitFor(d time.Duration, done <-chan struct{}) bool {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-done:
@@ -252,6 +261,7 @@ func (p *pool) endDrainLocked(u *upstream) {
 func (p *pool) removeLocked(u *upstream) {
 	p.endDrainLocked(u)
 	p.cancelEvictionLocked(u)
+	p.endSweepLocked(u)
 	u.removed = true
 	delete(p.upstreams, u.addr)
 	for pc := range u.conns {
@@ -390,9 +400,62 @@ func (p *pool) setSuspectLocked(u *upstream, suspect bool) {
 	if suspect {
 		settings = sweepSettings
 		u.log.Info("upstream suspect: sweeping its connections", "connections", len(u.conns))
+		done := make(chan struct{})
+		u.sweepDone = done
+		p.wg.Go(func() { p.closeStalled(u, done) })
+	} else {
+		p.endSweepLocked(u)
 	}
 	for pc := range u.conns {
 		settings.apply(pc.upstream)
+	}
+}
+
+// stalledAfter is when, after an upstream became suspect, closeStalled
+// looks for connections the kernel will not end soon: the sweep's user
+// timeout, which ends every other dead connection by then, and some slack.
+var stalledAfter = sweepSettings.userTimeout + 500*time.Millisecond
+
+// closeStalled closes those of u's connections whose upstream socket has
+// had data unacknowledged, and been retransmitting it, for the sweep's user
+// timeout, stalledAfter into a suspicion that done has not ended. These are
+// the connections whose data was already being retransmitted when the
+// sweep began: the kernel applies the new user timeout only when the
+// retransmission timer next fires, which after a few backoffs is up to
+// 30 s away. A live peer would have acknowledged the data or the
+// keepalive probes the sweep sends every second.
+func (p *pool) closeStalled(u *upstream, done chan struct{}) {
+	if !p.waitFor(stalledAfter, done) {
+		return
+	}
+	p.mu.Lock()
+	if u.sweepDone != done {
+		p.mu.Unlock()
+		return
+	}
+	u.sweepDone = nil
+	conns := make([]*proxyConn, 0, len(u.conns))
+	for pc := range u.conns {
+		conns = append(conns, pc)
+	}
+	p.mu.Unlock()
+	closed := 0
+	for _, pc := range conns {
+		if stalledFor(pc.upstream) >= sweepSettings.userTimeout && !pc.dead.Swap(true) {
+			p.m.deadConnsClosed.Inc() // before the client can see the close
+			pc.close()
+			closed++
+		}
+	}
+	if closed > 0 {
+		u.log.Info("closed connections whose data the suspect upstream stopped acknowledging", "connections", closed)
+	}
+}
+
+func (p *pool) endSweepLocked(u *upstream) {
+	if u.sweepDone != nil {
+		close(u.sweepDone)
+		u.sweepDone = nil
 	}
 }
 
