@@ -227,30 +227,66 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 // connections, stalledAfter into a suspicion, leaves the connections of a
 // live upstream alone: a busy one and an idle one.
 func TestSweepSparesLiveConnections(t *testing.T) {
-	t.Parallel()
-	up := startUpstream(t, echo)
-	px := startProxy(t, poolConfig{sweep: true}, up.addr)
-	busy, idle := dialProxy(t, px.addr), dialProxy(t, px.addr)
-	for _, c := range []net.Conn{busy, idle} {
-		if err := roundTrip(c, []byte("x")); err != nil {
-			t.Fatal(err)
+	sw := newSwept(t)
+	idle := dialProxy(t, sw.px.addr)
+	if err := roundTrip(idle, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	pl := sw.px.pool
+	// The upstream's first check, started when it was listed, must not end
+	// the suspicion before the look.
+	for deadline := time.Now().Add(5 * time.Second); !checked(pl, sw.u); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the upstream's first health check did not end within 5 s")
 		}
 	}
-	px.pool.mu.Lock()
-	u := px.pool.upstreams[up.addr]
-	px.pool.mu.Unlock()
-	px.pool.reportCheck(u, checkResult{err: errCheck})
+	pl.reportCheck(sw.u, checkResult{err: errCheck})
 	msg := make([]byte, 64<<10)
-	for end := time.Now().Add(stalledAfter + time.Second); time.Now().Before(end); {
-		if err := roundTrip(busy, msg); err != nil {
+	for end := time.Now().Add(stalledAfter + time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if err := roundTrip(sw.client, msg); err != nil {
 			t.Fatalf("busy connection while its upstream is suspect: %v", err)
 		}
 	}
 	if err := roundTrip(idle, []byte("y")); err != nil {
 		t.Fatalf("idle connection after the sweep's look: %v", err)
 	}
-	if got := testutil.ToFloat64(px.m.deadConnsClosed); got != 0 {
+	pl.mu.Lock()
+	looked := sw.u.suspect && sw.u.sweepDone == nil
+	pl.mu.Unlock()
+	if !looked {
+		t.Error("the upstream's suspicion ended before the sweep looked at its connections")
+	}
+	if got := testutil.ToFloat64(sw.px.m.deadConnsClosed); got != 0 {
 		t.Errorf("dead connections counted: %v; want 0", got)
+	}
+}
+
+// checked reports whether u has had a health check.
+func checked(pl *pool, u *upstream) bool {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	return !u.lastCheck.IsZero()
+}
+
+func TestStalledInfo(t *testing.T) {
+	stalled := unix.TCPInfo{State: unix.BPF_TCP_ESTABLISHED, Unacked: 2, Backoff: 3, Last_ack_recv: 4000}
+	for _, tc := range []struct {
+		name string
+		edit func(*unix.TCPInfo)
+		want time.Duration
+	}{
+		{"retransmitting without an ACK", func(*unix.TCPInfo) {}, 4 * time.Second},
+		{"after its FIN", func(ti *unix.TCPInfo) { ti.State = unix.BPF_TCP_FIN_WAIT1 }, 4 * time.Second},
+		{"nothing unacknowledged", func(ti *unix.TCPInfo) { ti.Unacked = 0 }, 0},
+		{"not yet retransmitted", func(ti *unix.TCPInfo) { ti.Backoff = 0 }, 0},
+		{"closed by the kernel", func(ti *unix.TCPInfo) { ti.State = unix.BPF_TCP_CLOSE }, 0},
+		{"recent ACK", func(ti *unix.TCPInfo) { ti.Last_ack_recv = 200 }, 200 * time.Millisecond},
+	} {
+		ti := stalled
+		tc.edit(&ti)
+		if got := stalledInfo(&ti); got != tc.want {
+			t.Errorf("%s: got %v; want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

@@ -419,6 +419,13 @@ func stalledFor(c net.Conn) time.Duration {
 	}); err != nil || ti == nil {
 		return 0
 	}
+	return stalledInfo(ti)
+}
+
+// stalledInfo is stalledFor from a socket's TCP_INFO: the time since the
+// last ACK if the socket is open, has unacknowledged data and its
+// retransmission timer has fired (Backoff), else 0.
+func stalledInfo(ti *unix.TCPInfo) time.Duration {
 	// x/sys names the kernel's TCP states after BPF's copy of the list.
 	if ti.State == unix.BPF_TCP_CLOSE || ti.Unacked == 0 || ti.Backoff == 0 {
 		return 0

@@ -422,8 +422,10 @@ var stalledAfter = sweepSettings.userTimeout + 500*time.Millisecond
 // the connections whose data was already being retransmitted when the
 // sweep began: the kernel applies the new user timeout only when the
 // retransmission timer next fires, which after a few backoffs is up to
-// 30 s away. A live peer would have acknowledged the data or the
-// keepalive probes the sweep sends every second.
+// 30 s away, and then ends them without another try, as the timeout is
+// long past. closeStalled only does it sooner. (A backed-off socket sends
+// nothing meanwhile, keepalive probes included, so a peer that came back
+// could not tell it so anyway.)
 func (p *pool) closeStalled(u *upstream, done chan struct{}) {
 	if !p.waitFor(stalledAfter, done) {
 		return
