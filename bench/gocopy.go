@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -21,7 +22,8 @@ const gocopyArg = "-gocopy-serve"
 // It measures what Go's net package and the runtime cost on this machine,
 // which any Go proxy pays, extractedprism included; that is its only use.
 func serveGoCopy(addr string, upstreams []string) error {
-	ln, err := net.Listen("tcp", addr)
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return err
 	}
@@ -34,27 +36,36 @@ func serveGoCopy(addr string, upstreams []string) error {
 			time.Sleep(10 * time.Millisecond) // descriptors out: wait, like a real proxy
 			continue
 		}
-		go goCopyConn(c.(*net.TCPConn), upstreams[i%len(upstreams)])
+		go goCopyConn(c, upstreams[i%len(upstreams)])
 	}
 }
 
-func goCopyConn(client *net.TCPConn, addr string) {
+// goCopyConn proxies client to addr. Both ends are TCP connections, so
+// io.Copy still finds TCPConn's ReadFrom and WriteTo and splices.
+func goCopyConn(client net.Conn, addr string) {
 	defer client.Close()
-	c, err := net.DialTimeout("tcp", addr, time.Second)
+	d := net.Dialer{Timeout: time.Second}
+	up, err := d.DialContext(context.Background(), "tcp", addr)
 	if err != nil {
 		return
 	}
-	up := c.(*net.TCPConn)
 	defer up.Close()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		_, _ = io.Copy(up, client)
-		_ = up.CloseWrite()
+		closeWrite(up)
 	}()
 	_, _ = io.Copy(client, up)
-	_ = client.CloseWrite()
+	closeWrite(client)
 	<-done
+}
+
+// closeWrite passes the end of one direction on as a half-close.
+func closeWrite(c net.Conn) {
+	if hc, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = hc.CloseWrite()
+	}
 }
 
 // gocopyMain runs the reference proxy when args ask for it, and reports

@@ -141,23 +141,7 @@ func pingPong(in *instance, conns int, dur, warmup time.Duration) pingPongResult
 			defer c.Close()
 			<-startGate
 			_ = c.SetDeadline(startAt.Add(dur + 10*time.Second))
-			msg, buf := echoMsg(64), make([]byte, 64)
-			recordFrom, deadline := startAt.Add(warmup), startAt.Add(dur)
-			lat := make([]time.Duration, 0, 1<<16)
-			for {
-				t0 := time.Now()
-				if !t0.Before(deadline) {
-					break
-				}
-				if err := exchange(c, msg, buf); err != nil {
-					errs[i] = err
-					break
-				}
-				if t0.After(recordFrom) {
-					lat = append(lat, time.Since(t0))
-				}
-			}
-			lats[i] = lat
+			lats[i], errs[i] = pingPongLoop(c, startAt, dur, warmup)
 		})
 	}
 	ready.Wait()
@@ -182,6 +166,27 @@ func pingPong(in *instance, conns int, dur, warmup time.Duration) pingPongResult
 	r.rate = float64(r.ops) / (dur - warmup).Seconds()
 	r.p50, r.p99, r.p999 = percentile(all, 50), percentile(all, 99), percentile(all, 99.9)
 	return r
+}
+
+// pingPongLoop exchanges 64-byte messages on c from startAt until dur
+// after it. It returns the round-trip times of those that began after
+// warmup, and the error that ended the loop early.
+func pingPongLoop(c net.Conn, startAt time.Time, dur, warmup time.Duration) ([]time.Duration, error) {
+	msg, buf := echoMsg(64), make([]byte, 64)
+	recordFrom, deadline := startAt.Add(warmup), startAt.Add(dur)
+	lat := make([]time.Duration, 0, 1<<16)
+	for {
+		t0 := time.Now()
+		if !t0.Before(deadline) {
+			return lat, nil
+		}
+		if err := exchange(c, msg, buf); err != nil {
+			return lat, err
+		}
+		if t0.After(recordFrom) {
+			lat = append(lat, time.Since(t0))
+		}
+	}
 }
 
 // bulkResult is one run of the bulk scenario.
@@ -229,6 +234,9 @@ func bulk(in *instance, streams int, perStream int64) bulkResult {
 }
 
 func download(addr string, n int64, timeout time.Duration) (int64, error) {
+	if n < 0 {
+		return 0, fmt.Errorf("download: negative length %d", n)
+	}
 	c, err := dialer.Dial("tcp", addr)
 	if err != nil {
 		return 0, err

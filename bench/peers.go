@@ -57,7 +57,6 @@ type instance struct {
 	done       chan struct{} // closed when cmd has exited
 	logPath    string
 	upstreams  []string
-	next       int
 }
 
 // target returns the address the n-th connection of a client dials.
@@ -81,12 +80,17 @@ func (in *instance) alive() bool {
 }
 
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	addr, ok := ln.Addr().(*net.TCPAddr)
+	if !ok {
+		return 0, fmt.Errorf("listener address %s is not TCP", ln.Addr())
+	}
+	return addr.Port, nil
 }
 
 // start starts system name in front of e's upstreams and waits until an
@@ -107,17 +111,17 @@ func (e *env) start(name string, o startOpts) (*instance, error) {
 	switch name {
 	case sysHAProxy:
 		cfg := filepath.Join(e.tmp, fmt.Sprintf("haproxy-%d.cfg", e.seq))
-		if err := os.WriteFile(cfg, []byte(haproxyConfig(in.addr, e.upstreams, e.nofile, o)), 0o644); err != nil {
+		if err := os.WriteFile(cfg, []byte(haproxyConfig(in.addr, e.upstreams, e.nofile, o)), 0o600); err != nil {
 			return nil, err
 		}
 		argv = []string{"haproxy", "-db", "-f", cfg}
 	case sysNginx:
 		dir := filepath.Join(e.tmp, fmt.Sprintf("nginx-%d", e.seq))
-		if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o750); err != nil {
 			return nil, err
 		}
 		cfg := filepath.Join(dir, "nginx.conf")
-		if err := os.WriteFile(cfg, []byte(nginxConfig(dir, in.addr, e.upstreams, e.nofile, o)), 0o644); err != nil {
+		if err := os.WriteFile(cfg, []byte(nginxConfig(dir, in.addr, e.upstreams, e.nofile, o)), 0o600); err != nil {
 			return nil, err
 		}
 		argv = []string{"nginx", "-p", dir, "-c", cfg}
@@ -168,7 +172,8 @@ func (in *instance) run(argv []string) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
+	// No context: stop ends the process, SIGTERM first and then its group.
+	cmd := exec.CommandContext(context.Background(), argv[0], argv[1:]...) //nolint:gosec // the system under test, built by start from its own configs and the -ep binaries
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own process group, so stop can end exactly what was started here
 	// (nginx's worker included); killed with the bench if it dies.
@@ -200,7 +205,7 @@ func (in *instance) waitReady(timeout time.Duration) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("not ready after %s: %v", timeout, lastErr)
+	return fmt.Errorf("not ready after %s: %w", timeout, lastErr)
 }
 
 // findPIDs resolves the process to measure. taskset and bash exec the

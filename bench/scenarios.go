@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -10,11 +11,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+)
+
+// Column heads shared by the scenarios' tables.
+const (
+	colSystem    = "System"
+	colToDirect  = "÷ direct"  // ratio to the direct row
+	colToHAProxy = "÷ HAProxy" // ratio to the haproxy row
 )
 
 // rel returns the ratio cells of s[row][metric] to direct and to HAProxy.
@@ -37,12 +46,13 @@ func (b *bench) reference(measured string) string {
 }
 
 func (b *bench) has(system string) bool {
-	for _, s := range b.cfg.systems {
-		if s == system {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(b.cfg.systems, system)
+}
+
+// installed reports whether program is on the PATH.
+func installed(program string) bool {
+	_, err := exec.LookPath(program)
+	return err == nil
 }
 
 // 1. Connection rate.
@@ -71,7 +81,7 @@ func (b *bench) connRateScenario() error {
 	b.section("1. Connection rate",
 		fmt.Sprintf("%d workers, each in a loop: connect, 64 B echo, close; %s per run. Per-connection time is connect to close.", workers, b.cfg.dur))
 	var t table
-	t.head = []string{"System", "conn/s", "÷ direct", "÷ HAProxy", "p50 µs", "÷ HAProxy", "p99 µs", "÷ HAProxy", "proxy CPU µs/conn", "÷ HAProxy", "failed (all runs)"}
+	t.head = []string{colSystem, "conn/s", colToDirect, colToHAProxy, "p50 µs", colToHAProxy, "p99 µs", colToHAProxy, "proxy CPU µs/conn", colToHAProxy, "failed (all runs)"}
 	for _, name := range b.cfg.systems {
 		rd, rh := rel(s, name, "rate", "")
 		_, p50h := rel(s, name, "p50", "")
@@ -120,7 +130,7 @@ func (b *bench) reqRespScenario() error {
 	b.section("2. Request/response",
 		fmt.Sprintf("64 B ping-pong on 1 and on 64 persistent connections, %s per run (the first %s not recorded). Round-trip times.", b.cfg.dur, warmup))
 	var t table
-	t.head = []string{"System", "conns", "round trips/s", "p50 µs", "÷ direct", "÷ HAProxy", "p99 µs", "÷ direct", "÷ HAProxy", "p99.9 µs", "÷ HAProxy", "proxy CPU µs/round trip"}
+	t.head = []string{colSystem, "conns", "round trips/s", "p50 µs", colToDirect, colToHAProxy, "p99 µs", colToDirect, colToHAProxy, "p99.9 µs", colToHAProxy, "proxy CPU µs/round trip"}
 	for _, conns := range connCounts {
 		suffix := fmt.Sprintf("/%d", conns)
 		for _, name := range b.cfg.systems {
@@ -175,7 +185,7 @@ func (b *bench) bulkScenario() error {
 	b.section("3. Bulk",
 		fmt.Sprintf("%s per run, as 1 stream or as 4 concurrent streams of %s, downloaded through the proxy (upstream → proxy → client, like a large LIST or WATCH response). Proxy CPU is utime+stime of the proxy process over the run.", mib(b.cfg.bulkBytes), mib(b.cfg.bulkBytes/4)))
 	var t table
-	t.head = []string{"System", "streams", "GB/s", "÷ direct", "÷ HAProxy", "proxy CPU-s/GB", "÷ HAProxy"}
+	t.head = []string{colSystem, "streams", "GB/s", colToDirect, colToHAProxy, "proxy CPU-s/GB", colToHAProxy}
 	for _, streams := range streamCounts {
 		suffix := fmt.Sprintf("/%d", streams)
 		for _, name := range b.cfg.systems {
@@ -206,7 +216,7 @@ var straceSyscalls = []string{"splice", "read", "write", "recvfrom", "sendto", "
 
 // Splice check: one bulk download per proxy under strace -f -c.
 func (b *bench) straceScenario() error {
-	if _, err := exec.LookPath("strace"); err != nil {
+	if !installed("strace") {
 		b.note = append(b.note, "strace is not installed: the splice check did not run.")
 		return nil
 	}
@@ -238,7 +248,7 @@ func (b *bench) straceScenario() error {
 		fmt.Sprintf("One download through each proxy (%s through extractedprism, %s through the others) with `strace -f -c -e trace=%s -p PID` attached to the proxying process. Calls (errors, mostly EAGAIN, in parentheses). strace slows the proxy; this run only counts calls.",
 			mib(b.cfg.straceBytes), mib(b.cfg.straceBytes/4), strings.Join(straceSyscalls, ",")))
 	var t table
-	t.head = append([]string{"System"}, straceSyscalls...)
+	t.head = append([]string{colSystem}, straceSyscalls...)
 	t.head = append(t.head, "bytes per successful splice")
 	for _, r := range rows {
 		cells := []string{r.name}
@@ -272,7 +282,8 @@ func (b *bench) straceScenario() error {
 
 func (b *bench) straceBulk(in *instance, n int64) (map[string][2]int, error) {
 	out := filepath.Join(b.env.tmp, fmt.Sprintf("strace-%s.txt", in.name))
-	cmd := exec.Command("strace", "-f", "-c", "-o", out, "-e", "trace="+strings.Join(straceSyscalls, ","), "-p", strconv.Itoa(in.pid))
+	// No context: the deferred Kill below ends strace on every return.
+	cmd := exec.CommandContext(context.Background(), "strace", "-f", "-c", "-o", out, "-e", "trace="+strings.Join(straceSyscalls, ","), "-p", strconv.Itoa(in.pid)) //nolint:gosec // fixed program; the arguments are a path in this run's temp dir and a PID
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -310,7 +321,7 @@ func (b *bench) straceBulk(in *instance, n int64) (map[string][2]int, error) {
 // parseStraceSummary reads the -c table: "% time seconds usecs/call calls
 // [errors] syscall".
 func parseStraceSummary(path string) (map[string][2]int, error) {
-	f, err := os.Open(path)
+	f, err := os.Open(path) //nolint:gosec // the file strace wrote in this run's temp dir
 	if err != nil {
 		return nil, err
 	}
@@ -420,7 +431,7 @@ func (b *bench) idleReport(s samples, n int, kindsSeen map[string]string) {
 		fmt.Sprintf("%s connections opened through the proxy (each proven by a 1 B echo) and held idle, then closed; then the same again in the same process. RSS of the proxying process before, with the connections open, and %s after they closed. \"Growth returned\" is the share of the first wave's growth gone %s after it closed; \"second wave kept\" is how much higher RSS stays after the second wave than after the first, as a share of the first wave's growth: near 0 when what was kept is reused rather than lost.",
 			fmtNum(float64(n), 0), b.cfg.settle, b.cfg.settle))
 	var t table
-	t.head = []string{"System", "RSS before MiB", "RSS held MiB", "KiB/conn", "÷ HAProxy", "fds/conn (sockets + pipes)", "RSS after close MiB", "growth returned", "second wave: held / after close MiB", "second wave kept", "fds left after close", "kernel KiB/conn (machine)"}
+	t.head = []string{colSystem, "RSS before MiB", "RSS held MiB", "KiB/conn", colToHAProxy, "fds/conn (sockets + pipes)", "RSS after close MiB", "growth returned", "second wave: held / after close MiB", "second wave kept", "fds left after close", "kernel KiB/conn (machine)"}
 	for _, name := range b.proxies() {
 		_, h := rel(s, name, "perconn", "")
 		t.add(name, fmtNum(s.med(name, "rss0"), 1), fmtNum(s.med(name, "rss1"), 1), fmtNum(s.med(name, "perconn"), 2), h,
@@ -438,9 +449,9 @@ func (b *bench) idleReport(s samples, n int, kindsSeen map[string]string) {
 // idleTargets records extractedprism's idle-connection targets and notes.
 func (b *bench) idleTargets(s samples, kindsSeen map[string]string) {
 	pc, ret, kept := s.med(sysEP, "perconn"), s.med(sysEP, "returned"), s.med(sysEP, "kept")
-	b.addTarget("≤ 10 KiB proxy memory per idle connection", fmt.Sprintf("%s KiB/conn", fmtNum(pc, 2)), pc <= 10)
+	b.addTarget("≤ 10 KiB proxy memory per idle connection", fmtNum(pc, 2)+" KiB/conn", pc <= 10)
 	b.addTarget("Memory returned after close (≥ 75 % of the growth)", fmt.Sprintf("%s %% returned after %s", fmtNum(ret, 0), b.cfg.settle), ret >= 75)
-	b.addTarget("What is kept after close is reused (second wave keeps ≤ 5 % more)", fmt.Sprintf("%s %% more", fmtNum(kept, 1)), kept <= 5)
+	b.addTarget("What is kept after close is reused (second wave keeps ≤ 5 % more)", fmtNum(kept, 1)+" % more", kept <= 5)
 	fdper, pipes := s.med(sysEP, "fdper"), s.med(sysEP, "pipeper")
 	verdict := "confirmed"
 	if math.Abs(fdper-2) > 0.1 {
@@ -489,7 +500,7 @@ func (b *bench) footprintScenario() error {
 	b.section("5. Footprint",
 		"Idle proxy with three healthy upstreams after two health-check rounds; extractedprism's /metrics scraped three times before RSS is read.")
 	var t table
-	t.head = []string{"System", "processes", "RSS MiB (proxying process)", "RSS MiB (all processes)", "fds"}
+	t.head = []string{colSystem, "processes", "RSS MiB (proxying process)", "RSS MiB (all processes)", "fds"}
 	for _, name := range b.proxies() {
 		t.add(name, fmtNum(s.med(name, "procs"), 0), fmtNum(s.med(name, "rss"), 1), fmtNum(s.med(name, "rssall"), 1), fmtNum(s.med(name, "fds"), 0))
 	}
@@ -520,7 +531,7 @@ func (b *bench) footprintScenario() error {
 	b.rep.WriteString(bt.String())
 	if b.has(sysEP) {
 		r := s.med(sysEP, "rss")
-		b.addTarget("Idle RSS ≤ 20 MiB", fmt.Sprintf("%s MiB", fmtNum(r, 1)), r <= 20)
+		b.addTarget("Idle RSS ≤ 20 MiB", fmtNum(r, 1)+" MiB", r <= 20)
 		if stripped > 0 {
 			b.addTarget("Stripped binary ≤ 25 MB", fmt.Sprintf("%s MB (%s MiB)", fmtNum(float64(stripped)/1e6, 1), fmtNum(float64(stripped)/(1<<20), 1)), float64(stripped) <= 25e6)
 		}
@@ -542,48 +553,20 @@ func (b *bench) failoverScenario() error {
 		if err := b.ups[0].restart(); err != nil {
 			return err
 		}
-		var before []time.Duration
-		var after, failedNew, broken, slowNew int
-		var maxNew time.Duration
-		lastBad := killTime
-		firstErr := ""
-		for _, r := range recs {
-			d := r.end.Sub(r.start)
-			if r.start.Before(killTime) {
-				if r.err != nil {
-					broken++
-				} else {
-					before = append(before, d)
-				}
-				continue
-			}
-			after++
-			maxNew = max(maxNew, d)
-			if r.err != nil {
-				failedNew++
-				if firstErr == "" {
-					firstErr = r.err.Error()
-				}
-			} else if d > slow {
-				slowNew++
-			}
-			if (r.err != nil || d > slow) && r.end.After(lastBad) {
-				lastBad = r.end
-			}
-		}
-		recovery := lastBad.Sub(killTime)
-		if failedNew > 0 && lastBad.After(killTime.Add(b.cfg.failDur-b.cfg.failKillAt-time.Second)) {
+		t := tallyFailover(recs, killTime, slow)
+		recovery := t.lastBad.Sub(killTime)
+		if t.failedNew > 0 && t.lastBad.After(killTime.Add(b.cfg.failDur-b.cfg.failKillAt-time.Second)) {
 			recovery = -1 // still failing in the last second: never recovered
 		}
 		log.Printf("  failover %-14s rep %d: %d new conns after kill, %d failed, %d slow, max %s, %d broken in flight, recovery %s %s",
-			in.name, rep, after, failedNew, slowNew, maxNew.Round(time.Millisecond), broken, recovery.Round(time.Millisecond), firstErr)
-		s.add(in.name, "after", float64(after))
-		s.add(in.name, "failed", float64(failedNew))
-		s.add(in.name, "slow", float64(slowNew))
-		s.add(in.name, "broken", float64(broken))
-		s.add(in.name, "max", float64(maxNew)/float64(time.Millisecond))
+			in.name, rep, t.after, t.failedNew, t.slowNew, t.maxNew.Round(time.Millisecond), t.broken, recovery.Round(time.Millisecond), t.firstErr)
+		s.add(in.name, "after", float64(t.after))
+		s.add(in.name, "failed", float64(t.failedNew))
+		s.add(in.name, "slow", float64(t.slowNew))
+		s.add(in.name, "broken", float64(t.broken))
+		s.add(in.name, "max", float64(t.maxNew)/float64(time.Millisecond))
 		s.add(in.name, "recovery", recovery.Seconds())
-		s.add(in.name, "p99before", float64(percentile(before, 99))/float64(time.Millisecond))
+		s.add(in.name, "p99before", float64(percentile(t.before, 99))/float64(time.Millisecond))
 		return nil
 	})
 	if err != nil {
@@ -593,7 +576,7 @@ func (b *bench) failoverScenario() error {
 		fmt.Sprintf("%d workers each start a connection (connect, 64 B echo, close) every %s for %s; at %s one of the three upstreams is killed (listener and its connections closed) and restarted after the run. Counts are medians per run; 'failed new (all runs)' is the sum.",
 			workers, pace, b.cfg.failDur, b.cfg.failKillAt))
 	var t table
-	t.head = []string{"System", "new conns after kill", "failed new (all runs)", "slow new (> 100 ms)", "max new conn ms", "broken in flight", "recovery s", "p99 before kill ms"}
+	t.head = []string{colSystem, "new conns after kill", "failed new (all runs)", "slow new (> 100 ms)", "max new conn ms", "broken in flight", "recovery s", "p99 before kill ms"}
 	for _, name := range b.without(sysGoCopy) {
 		rec := fmtNum(s.med(name, "recovery"), 3)
 		if s.med(name, "recovery") < 0 {
@@ -608,6 +591,48 @@ func (b *bench) failoverScenario() error {
 		b.addTarget("Failover kill: zero failed new connections", fmt.Sprintf("%s failed over %d runs", fmtNum(f, 0), b.cfg.slowReps), f == 0)
 	}
 	return nil
+}
+
+// failoverTally sums up the connections of one failover run.
+type failoverTally struct {
+	before             []time.Duration // times of the connections started before the kill that succeeded
+	broken             int             // started before the kill, failed
+	after              int             // started after the kill
+	failedNew, slowNew int             // of those, failed; succeeded but slower than slow
+	maxNew             time.Duration   // the longest started after the kill
+	lastBad            time.Time       // end of the last new one that failed or was slow; the kill when none
+	firstErr           string          // of the new ones
+}
+
+// tallyFailover sorts recs around killTime; a new connection that took
+// longer than slow counts as slow.
+func tallyFailover(recs []connRecord, killTime time.Time, slow time.Duration) failoverTally {
+	t := failoverTally{lastBad: killTime}
+	for _, r := range recs {
+		d := r.end.Sub(r.start)
+		if r.start.Before(killTime) {
+			if r.err != nil {
+				t.broken++
+			} else {
+				t.before = append(t.before, d)
+			}
+			continue
+		}
+		t.after++
+		t.maxNew = max(t.maxNew, d)
+		if r.err != nil {
+			t.failedNew++
+			if t.firstErr == "" {
+				t.firstErr = r.err.Error()
+			}
+		} else if d > slow {
+			t.slowNew++
+		}
+		if (r.err != nil || d > slow) && r.end.After(t.lastBad) {
+			t.lastBad = r.end
+		}
+	}
+	return t
 }
 
 // Descriptor limit.
@@ -660,7 +685,7 @@ func (b *bench) fdLimitScenario() error {
 		fmt.Sprintf("Each proxy starts under `ulimit -n %d` (HAProxy without `maxconn` and nginx without `worker_rlimit_nofile`, so both derive their limits from it). %d clients connect and each tries a 64 B echo within 1 s while all stay open; the served ones echo again; then all close, and %d new clients must each get an echo within 5 s. Pass: still alive, everything it accepted still served, and all new clients served.",
 			nofile, over, fresh))
 	var t table
-	t.head = []string{"System", "connected", "served while over the limit", "still served", "health endpoints", "first new echo after release", "new clients served", "pass"}
+	t.head = []string{colSystem, "connected", "served while over the limit", "still served", "health endpoints", "first new echo after release", "new clients served", "pass"}
 	for _, r := range results {
 		first := "never (15 s)"
 		if r.firstOK >= 0 {

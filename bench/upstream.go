@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"time"
@@ -47,7 +49,8 @@ func startUpstream(addr string) (*upstream, error) {
 }
 
 func (u *upstream) listen() error {
-	ln, err := net.Listen("tcp", u.addr)
+	var lc net.ListenConfig
+	ln, err := lc.Listen(context.Background(), "tcp", u.addr)
 	if err != nil {
 		return fmt.Errorf("upstream listen %s: %w", u.addr, err)
 	}
@@ -113,7 +116,11 @@ func (u *upstream) serveConn(c net.Conn) {
 		if _, err := io.ReadFull(c, hdr[:]); err != nil {
 			return
 		}
-		generate(c, int64(binary.BigEndian.Uint64(hdr[:])))
+		n := binary.BigEndian.Uint64(hdr[:])
+		if n > math.MaxInt64 {
+			return // no client asks for that much; a garbled header
+		}
+		generate(c, int64(n))
 	}
 }
 
@@ -156,11 +163,4 @@ func (u *upstream) restart() error {
 func (u *upstream) close() {
 	u.kill()
 	u.wg.Wait()
-}
-
-// openConns is the number of connections u holds now.
-func (u *upstream) openConns() int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return len(u.conns)
 }
