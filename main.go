@@ -68,7 +68,9 @@
 // another upstream; the first to connect wins. A failed check is confirmed
 // after 1 s, and from the first failure until the next success the
 // upstream's sockets get 1 s keepalive and a 3 s TCP_USER_TIMEOUT, so
-// connections to a vanished peer close within seconds.
+// connections to a vanished peer close within seconds; 3.5 s in, those
+// still retransmitting data without an ACK for 3 s (TCP_INFO) are closed
+// too, as the kernel applies the new timeout only at their next retry.
 //
 // # Readiness
 //

@@ -189,8 +189,17 @@ func newSwept(t *testing.T) swept {
 		t.Fatal(err)
 	}
 	px.pool.mu.Lock()
-	defer px.pool.mu.Unlock()
 	u := px.pool.upstreams[up.addr]
+	px.pool.mu.Unlock()
+	// The upstream's first check, started when it was listed, must not
+	// end a suspicion the test starts, nor start one of its own later.
+	for deadline := time.Now().Add(5 * time.Second); !checked(px.pool, u); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the upstream's first health check did not end within 5 s")
+		}
+	}
+	px.pool.mu.Lock()
+	defer px.pool.mu.Unlock()
 	for pc := range u.conns {
 		return swept{up: up, px: px, u: u, client: c, upConn: pc.upstream}
 	}
@@ -221,11 +230,19 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 	}
 	sw.px.pool.reportCheck(sw.u, checkResult{rtt: time.Millisecond})
 	check("after recovery", 30, 30000)
+	sw.px.pool.mu.Lock()
+	pending := sw.u.sweepDone != nil
+	sw.px.pool.mu.Unlock()
+	if pending {
+		t.Error("the sweep's look at stalled connections is still pending after recovery")
+	}
 }
 
 // TestSweepSparesLiveConnections checks that the sweep's look at stalled
 // connections, stalledAfter into a suspicion, leaves the connections of a
-// live upstream alone: a busy one and an idle one.
+// live upstream alone: a busy one, with data in flight, and an idle one,
+// whose keepalive probes the upstream answers. (TestStalledInfo covers the
+// criterion rule by rule.)
 func TestSweepSparesLiveConnections(t *testing.T) {
 	sw := newSwept(t)
 	idle := dialProxy(t, sw.px.addr)
@@ -233,13 +250,6 @@ func TestSweepSparesLiveConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	pl := sw.px.pool
-	// The upstream's first check, started when it was listed, must not end
-	// the suspicion before the look.
-	for deadline := time.Now().Add(5 * time.Second); !checked(pl, sw.u); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the upstream's first health check did not end within 5 s")
-		}
-	}
 	pl.reportCheck(sw.u, checkResult{err: errCheck})
 	msg := make([]byte, 64<<10)
 	for end := time.Now().Add(stalledAfter + time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
@@ -282,11 +292,13 @@ func TestStalledInfo(t *testing.T) {
 		{"closed by the kernel", func(ti *unix.TCPInfo) { ti.State = unix.BPF_TCP_CLOSE }, 0},
 		{"recent ACK", func(ti *unix.TCPInfo) { ti.Last_ack_recv = 200 }, 200 * time.Millisecond},
 	} {
-		ti := stalled
-		tc.edit(&ti)
-		if got := stalledInfo(&ti); got != tc.want {
-			t.Errorf("%s: got %v; want %v", tc.name, got, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			ti := stalled
+			tc.edit(&ti)
+			if got := stalledInfo(&ti); got != tc.want {
+				t.Errorf("got %v; want %v", got, tc.want)
+			}
+		})
 	}
 }
 

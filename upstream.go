@@ -43,8 +43,9 @@ type upstream struct {
 	// suspect is set from the first failed check or dial until the next
 	// success; while set, the upstream's sockets use sweepSettings.
 	suspect bool
-	// sweepDone is closed when suspicion ends before the sweep's check of
-	// stalled connections (see closeStalled); nil when none is pending.
+	// sweepDone is closed when suspicion ends, or the upstream is removed,
+	// before the sweep's look at stalled connections (see closeStalled);
+	// nil when none is pending.
 	sweepDone chan struct{}
 	// recheck asks the probe loop for a check now; a failed client dial
 	// pokes it. Buffered: one pending request is enough.
@@ -107,9 +108,9 @@ type pool struct {
 	check checkFunc // one health check; see probe.go
 	sel   selector
 
-	ctx    context.Context //nolint:containedctx // the pool's own lifetime, parent of its probe and drain goroutines; close cancels it
+	ctx    context.Context //nolint:containedctx // the pool's own lifetime, parent of its goroutines; close cancels it
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // probe and drain goroutines
+	wg     sync.WaitGroup // probe, drain, eviction and sweep goroutines
 
 	// mu guards upstreams and the mutable fields of every upstream in it.
 	mu        sync.Mutex
@@ -129,8 +130,9 @@ func newPool(log *slog.Logger, m *metrics, cfg poolConfig, check checkFunc, sel 
 	return p
 }
 
-// close stops every probe and drain goroutine and waits for them. It does not
-// close proxied connections; the proxy does that on shutdown.
+// close stops every probe, drain, eviction and sweep goroutine and waits for
+// them. It does not close proxied connections; the proxy does that on
+// shutdown.
 func (p *pool) close() {
 	p.cancel()
 	p.wg.Wait()
@@ -416,8 +418,8 @@ func (p *pool) setSuspectLocked(u *upstream, suspect bool) {
 // timeout, which ends every other dead connection by then, and some slack.
 var stalledAfter = sweepSettings.userTimeout + 500*time.Millisecond
 
-// closeStalled closes those of u's connections whose upstream socket has
-// had data unacknowledged, and been retransmitting it, for the sweep's user
+// closeStalled closes those of u's connections whose upstream socket
+// retransmits unacknowledged data and has had no ACK for the sweep's user
 // timeout, stalledAfter into a suspicion that done has not ended. These are
 // the connections whose data was already being retransmitted when the
 // sweep began: the kernel applies the new user timeout only when the
