@@ -209,7 +209,7 @@ func (p *pool) startDrainLocked(u *upstream) {
 // drainWait force-closes what is left of u's connections when the drain
 // timeout expires, unless the drain ended first.
 func (p *pool) drainWait(u *upstream, done chan struct{}) {
-	if !p.waitDrainTimeout(done) {
+	if !p.waitFor(p.cfg.drainTimeout, done) {
 		return
 	}
 	p.mu.Lock()
@@ -220,12 +220,6 @@ func (p *pool) drainWait(u *upstream, done chan struct{}) {
 	u.log.Info("drain timeout expired, closing connections", "connections", len(u.conns))
 	p.removeLocked(u)
 	p.publishLocked()
-}
-
-// waitDrainTimeout waits --drain-timeout and reports whether it expired
-// before done closed or the pool shut down.
-func (p *pool) waitDrainTimeout(done <-chan struct{}) bool {
-	return p.waitFor(p.cfg.drainTimeout, done)
 }
 
 // waitFor waits d and reports whether it passed before done closed or the
@@ -588,7 +582,7 @@ func (p *pool) cancelEvictionLocked(u *upstream) {
 // evictWait closes u's connections when the drain timeout expires, unless
 // the eviction was called off first.
 func (p *pool) evictWait(u *upstream, done chan struct{}) {
-	if !p.waitDrainTimeout(done) {
+	if !p.waitFor(p.cfg.drainTimeout, done) {
 		return
 	}
 	p.mu.Lock()

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -73,6 +74,13 @@ func (f *fakeChecks) count(addr string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.calls[addr]
+}
+
+// times returns when addr was checked.
+func (f *fakeChecks) times(addr string) []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.callsAt[addr])
 }
 
 type testPool struct {
@@ -484,9 +492,7 @@ func TestQuickRecheckConfirmsFailureInSeconds(t *testing.T) {
 		if got := tp.status(a); got != 0 {
 			t.Errorf("health_check_status 1 s after the first failed check: got %v; want 0", got)
 		}
-		tp.checks.mu.Lock()
-		at := tp.checks.callsAt[a]
-		tp.checks.mu.Unlock()
+		at := tp.checks.times(a)
 		if len(at) != 2 || at[1].Sub(start) != time.Second {
 			t.Errorf("check times: got %v; want at 0 s and 1 s", at)
 		}
@@ -519,9 +525,7 @@ func TestQuickRecheckConfirmsNotReadyInSeconds(t *testing.T) {
 		tp.mu.Lock()
 		ready := tp.upstreams[a].ready
 		tp.mu.Unlock()
-		tp.checks.mu.Lock()
-		at := tp.checks.callsAt[a]
-		tp.checks.mu.Unlock()
+		at := tp.checks.times(a)
 		if ready || len(at) != 3 || at[2].Sub(at[1]) != time.Second {
 			t.Errorf("ready %v 1 s after the first failed probe, check times %v; want not ready, the third check 1 s after the second", ready, at)
 		}
