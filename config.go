@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"regexp"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -347,8 +348,44 @@ func (c *config) validate() error { //nolint:cyclop,gocognit // every cross-fiel
 	}
 	if !validHost(c.HealthCheckServerName) {
 		errs = append(errs, flagError("health-check-server-name", "must be an IP address or RFC 1123 hostname: got %q", c.HealthCheckServerName))
+	} else if a, err := netip.ParseAddr(c.HealthCheckServerName); err == nil && a.Zone() != "" {
+		// A zone names a local interface; certificates know nothing of it.
+		errs = append(errs, flagError("health-check-server-name", "must not have an IPv6 zone: got %q", c.HealthCheckServerName))
 	}
 	return errors.Join(errs...)
+}
+
+// ignoredSetting is a setting given a value that the rest of the
+// configuration makes irrelevant.
+type ignoredSetting struct {
+	flag    string
+	because string
+}
+
+// ignoredSettings lists the settings that have a value but no effect. They
+// are warnings, not errors: turning discovery off, or readyz probes back to
+// tcp, is the change an operator makes in an emergency, and it must not
+// also need the settings that go with them removed before the daemon
+// starts again.
+func (c *config) ignoredSettings() []ignoredSetting {
+	var ignored []ignoredSetting
+	noDiscovery := flagRef("enable-discovery") + " is false"
+	for name, value := range map[string]string{"kubeconfig": c.Kubeconfig, "endpoint-cache-file": c.EndpointCacheFile} {
+		if value != "" && !c.EnableDiscovery {
+			ignored = append(ignored, ignoredSetting{name, noDiscovery})
+		}
+	}
+	noReadyz := flagRef("health-check") + " is " + c.HealthCheck
+	for name, value := range map[string]string{
+		"health-check-ca-file": c.HealthCheckCAFile, "health-check-cert-file": c.HealthCheckCertFile,
+		"health-check-key-file": c.HealthCheckKeyFile, "health-check-token-file": c.HealthCheckTokenFile,
+	} {
+		if value != "" && c.HealthCheck != checkReadyz {
+			ignored = append(ignored, ignoredSetting{name, noReadyz})
+		}
+	}
+	slices.SortFunc(ignored, func(a, b ignoredSetting) int { return strings.Compare(a.flag, b.flag) })
+	return ignored
 }
 
 // flagRef names a flag the way every configuration error does: the flag and

@@ -227,6 +227,7 @@ func TestValidationRules(t *testing.T) {
 		// probe URL invalid and every upstream unready.
 		{name: "server name with a trailing blank", flag: "health-check-server-name", value: "kubernetes.default.svc "},
 		{name: "server name with a path", flag: "health-check-server-name", value: "kubernetes/readyz"},
+		{name: "server name with an IPv6 zone", flag: "health-check-server-name", value: "fe80::1%eth0"},
 	}
 	for _, tt := range tests {
 		var base []string
@@ -268,6 +269,38 @@ func assertEveryLineNamesAFlag(t *testing.T, err error) {
 		if !strings.HasPrefix(line, "--") || !strings.Contains(line, " (EP_") {
 			t.Errorf("error line %q: got no flag and variable; want both", line)
 		}
+	}
+}
+
+func TestIgnoredSettings(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want []string // the ignored flags, sorted
+	}{
+		{"none", []string{"--kubeconfig=/kc", "--endpoint-cache-file=/c", "--health-check=readyz", "--health-check-ca-file=/ca"}, nil},
+		{"discovery off", []string{"--enable-discovery=false", "--kubeconfig=/kc", "--endpoint-cache-file=/c"},
+			[]string{"endpoint-cache-file", "kubeconfig"}},
+		{"tcp checks", []string{"--health-check-ca-file=/ca", "--health-check-cert-file=/c", "--health-check-key-file=/k", "--health-check-token-file=/t"},
+			[]string{"health-check-ca-file", "health-check-cert-file", "health-check-key-file", "health-check-token-file"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := parseConfig(append([]string{"--endpoints=" + testEndpoint}, tt.args...), envOf(nil), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, ig := range cfg.ignoredSettings() {
+				got = append(got, ig.flag)
+				if !strings.HasPrefix(ig.because, "--") || !strings.Contains(ig.because, " (EP_") {
+					t.Errorf("reason for %s: got %q; want it to name a flag and its variable", ig.flag, ig.because)
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("ignored: got %v; want %v", got, tt.want)
+			}
+		})
 	}
 }
 

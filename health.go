@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -195,7 +196,7 @@ func newHealthServer(addr string, handler http.Handler, log *slog.Logger) *http.
 // the one that runs Serve and does not return before it has ended.
 func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log *slog.Logger) error {
 	errc := make(chan error, 1)
-	go serveHTTP(srv, ln, errc)
+	go serveHTTP(srv, newSteadyListener(ln, log), errc)
 
 	select {
 	case err := <-errc:
@@ -219,6 +220,62 @@ func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log *sl
 		return fmt.Errorf("serve health on %s: %w", ln.Addr(), err)
 	}
 	return nil
+}
+
+// steadyListener keeps the health server accepting through every accept
+// error but a closed listener. net/http retries only the errors it deems
+// temporary, such as EMFILE, and returns on the others, such as ENOMEM and
+// ENOBUFS: the proxy would go on without /healthz, /readyz and /metrics,
+// and only a restart, which cuts every proxied connection, would bring
+// them back. Like the proxy's accept loop, it backs off and retries, and
+// logs when the failures start and end.
+type steadyListener struct {
+	net.Listener
+	log       *slog.Logger
+	closed    chan struct{} // closed by Close, to end a backoff
+	closeOnce sync.Once
+}
+
+func newSteadyListener(ln net.Listener, log *slog.Logger) *steadyListener {
+	return &steadyListener{Listener: ln, log: log, closed: make(chan struct{})}
+}
+
+func (l *steadyListener) Accept() (net.Conn, error) {
+	var backoff time.Duration
+	for {
+		c, err := l.Listener.Accept()
+		if err == nil || errors.Is(err, net.ErrClosed) {
+			if err == nil && backoff != 0 {
+				l.log.Info("health server accepting again")
+			}
+			return c, err
+		}
+		if backoff == 0 {
+			l.log.Error("health server accept failing, backing off until it works again", "err", err)
+		}
+		backoff = min(max(2*backoff, acceptBackoffMin), acceptBackoffMax)
+		if !l.sleep(backoff) {
+			return nil, fmt.Errorf("accept on %s: %w", l.Addr(), net.ErrClosed)
+		}
+	}
+}
+
+// sleep waits d or until the listener is closed; it reports whether d
+// elapsed.
+func (l *steadyListener) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-l.closed:
+		return false
+	}
+}
+
+func (l *steadyListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
 }
 
 // serveHTTP runs srv.Serve on ln and sends its result to errc. It is a named

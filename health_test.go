@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -505,6 +507,64 @@ func TestServeHealthForcesCloseAfterDeadline(t *testing.T) {
 		}
 		close(release)
 	})
+}
+
+// TestServeHealthSurvivesAcceptErrors makes Accept fail with ENOMEM, which
+// net/http does not retry on its own, and checks that the server backs off,
+// serves again, and logs the episode once at its start and once at its end.
+func TestServeHealthSurvivesAcceptErrors(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf lockedBuffer
+		log := slog.New(slog.NewTextHandler(&buf, nil))
+		ln := &failingListener{pipeListener: newPipeListener()}
+		ln.failures.Store(5)
+		handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
+		srv := newHealthServer("pipe", handler, log)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- serveHealth(ctx, srv, ln, log) }()
+
+		conn := ln.dial()
+		defer conn.Close()
+		if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("after failed accepts: got %v; want an answer", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("status: got %d; want %d", resp.StatusCode, http.StatusOK)
+		}
+		if n := ln.failures.Load(); n > 0 {
+			t.Errorf("accept failures left: got %d; want 0", n)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serveHealth: got %v; want nil", err)
+		}
+		got := buf.String()
+		for _, want := range []string{"health server accept failing", "health server accepting again"} {
+			if n := strings.Count(got, want); n != 1 {
+				t.Errorf("log lines with %q: got %d; want 1 in %q", want, n, got)
+			}
+		}
+	})
+}
+
+// failingListener is a pipeListener whose Accept fails with ENOMEM while
+// failures is above zero.
+type failingListener struct {
+	*pipeListener
+	failures atomic.Int32
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	if l.failures.Add(-1) >= 0 {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.ENOMEM)}
+	}
+	return l.pipeListener.Accept()
 }
 
 // pipeListener is an in-memory net.Listener handing out net.Pipe

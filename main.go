@@ -38,6 +38,10 @@
 //	--health-check-ca-file, -cert-file, -key-file, -token-file, -server-name: readyz probe TLS
 //	--version                                                    print version and exit
 //
+// A setting with no effect in the configuration given (--kubeconfig and
+// --endpoint-cache-file without discovery, the readyz files with tcp checks)
+// is logged as a warning at start-up.
+//
 // # Data path
 //
 // Each client connection is joined to one upstream and bytes are copied both
@@ -65,10 +69,12 @@
 // latency prefers the lowest tier of smoothed connect times (see the README
 // for the exact rule). A dial slower than the hedge delay (4x the slowest
 // connect time of the preferred tier, 50-500 ms) gets a second dial to
-// another upstream; the first to connect wins. A failed check is confirmed
-// after 1 s, and from the first failure until the next success the
-// upstream's sockets get 1 s keepalive and a 3 s TCP_USER_TIMEOUT, so
-// connections to a vanished peer close within seconds; 3.5 s in, those
+// another upstream; the first to connect wins, and the upstream of any dial
+// that ran that long is checked at once. A failed check or dial of an
+// included upstream is confirmed after 1 s or at once, and from the first
+// failure until the next success the upstream's sockets get 1 s keepalive
+// and a 3 s TCP_USER_TIMEOUT, so connections to a vanished peer close
+// within seconds; 3.5 s in, those
 // still retransmitting data without an ACK for 3 s (TCP_INFO) are closed
 // too, as the kernel applies the new timeout only at their next retry.
 //
@@ -85,10 +91,11 @@
 //
 // On --health-bind-address:--health-port: /healthz (liveness: the run loop
 // and the proxy beat every --liveness-interval; 503 once the last beat is
-// older than --liveness-threshold, when Accept has been failing that long,
-// or when discovery has exited), /readyz (200 while an upstream is healthy
-// and not draining), /metrics (Prometheus) and /upstreams (each upstream's
-// state, JSON or text/plain). GET and HEAD only. "extractedprism status"
+// older than --liveness-threshold, or when discovery has exited; the beats
+// stop while Accept fails), /readyz (200 while an upstream is healthy and
+// not draining), /metrics (Prometheus) and /upstreams (each upstream's
+// state, JSON or text/plain). GET and HEAD only. The health server itself
+// backs off and retries when its Accept fails. "extractedprism status"
 // prints the /upstreams table of the daemon on this node.
 //
 // # Endpoint cache
@@ -177,6 +184,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := newLogger(level, stderr)
+	for _, ig := range cfg.ignoredSettings() {
+		log.Warn("setting has no effect", "setting", flagRef(ig.flag), "because", ig.because)
+	}
 	lbLn, err := listenTCP(ctx, net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.BindPort)))
 	if err != nil {
 		return err

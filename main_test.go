@@ -170,6 +170,16 @@ func TestRunEnvironmentConfiguresDaemon(t *testing.T) {
 	}
 }
 
+func TestRunWarnsOfIgnoredSettings(t *testing.T) {
+	a := startUpstream(t, echo)
+	// startDaemon turns discovery off, so a kubeconfig does nothing.
+	d := startDaemon(t, map[string]string{"EP_KUBECONFIG": "/nonexistent"}, "--endpoints", a.addr)
+	logs := d.logs.String()
+	if !strings.Contains(logs, "setting has no effect") || !strings.Contains(logs, "--kubeconfig (EP_KUBECONFIG)") {
+		t.Errorf("log: got %q; want a warning that --kubeconfig (EP_KUBECONFIG) has no effect", logs)
+	}
+}
+
 func TestRunRejectsBadConfigBeforeListening(t *testing.T) {
 	port := freePort(t)
 	var out bytes.Buffer

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -187,7 +188,14 @@ func (r *readyzProbe) tlsConfig() (*tls.Config, error) {
 }
 
 func (r *readyzProbe) request(ctx context.Context) (*http.Request, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+r.serverName+"/readyz", nil)
+	// The name only fills the Host header: the request goes over the
+	// connection already made. An IPv6 address needs brackets in a URL.
+	host := r.serverName
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	target := url.URL{Scheme: "https", Host: host, Path: "/readyz"}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target.String(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("readyz: %w", err)
 	}

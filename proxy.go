@@ -425,6 +425,7 @@ func (p *proxy) connect(ctx context.Context, pc *proxyConn) (*upstream, error) {
 		case a := <-cd.results:
 			cd.inflight--
 			if cd.finish(a, pc) {
+				cd.checkIfSlow(a)
 				return a.u, nil
 			}
 			// The dial still in flight, or the next one, gets a hedge
@@ -449,6 +450,7 @@ type attempt struct {
 	hedged     bool // started because an earlier dial was slow
 	conn       net.Conn
 	err        error
+	took       time.Duration // until the dial connected, failed or was called off
 }
 
 // connDial is the dial state of one client connection. Only the goroutine
@@ -536,9 +538,7 @@ func (cd *connDial) failed(a attempt) {
 }
 
 // wait cancels the dials still in flight and waits for them, closing any
-// that connected after another had won. A dial that lost a race was slower
-// than the hedge delay: not a failure, but worth a health check now, which
-// starts the sweep of the upstream's connections if it has vanished.
+// that connected after another had won.
 func (cd *connDial) wait() {
 	cd.cancel()
 	for ; cd.inflight > 0; cd.inflight-- {
@@ -546,8 +546,20 @@ func (cd *connDial) wait() {
 		if a.err == nil {
 			_ = a.conn.Close()
 		} else if cd.won {
-			cd.p.pool.requestCheck(a.u)
+			cd.checkIfSlow(a)
 		}
+	}
+}
+
+// checkIfSlow asks for a health check of a's upstream if the dial, won or
+// called off because another won, had run for the hedge delay: not a
+// failure, but a check now starts the sweep of the upstream's connections
+// if it has vanished. Whether the dial was the hedge or the one hedged
+// does not tell which was slow: a first dial may win just after its hedge
+// started.
+func (cd *connDial) checkIfSlow(a attempt) {
+	if a.took >= cd.p.pool.snap.Load().hedgeDelay {
+		cd.p.pool.requestCheck(a.u)
 	}
 }
 
@@ -556,36 +568,30 @@ func (cd *connDial) wait() {
 func (p *proxy) dialAttempt(ctx context.Context, a attempt, results chan<- attempt) {
 	start := time.Now()
 	a.conn, a.err = p.dialPatiently(ctx, a.u.addr)
+	a.took = time.Since(start)
 	if a.err == nil {
-		a.u.dialSeconds.Observe(time.Since(start).Seconds())
+		a.u.dialSeconds.Observe(a.took.Seconds())
 	}
 	results <- a
 }
 
-// dialPatiently dials addr, and while the dial fails because this process
-// is out of descriptors, waits and tries again within the dial timeout: a
-// moment of exhaustion then delays clients instead of dropping them.
+// dialPatiently dials addr within the dial timeout, and while the dial
+// fails because this process is out of descriptors, waits and tries again
+// within the same timeout: a moment of exhaustion then delays clients
+// instead of dropping them.
 func (p *proxy) dialPatiently(ctx context.Context, addr string) (net.Conn, error) {
-	deadline := time.Now().Add(p.dialTimeout)
+	ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
+	defer cancel()
 	for {
-		c, err := p.dialUpstream(ctx, addr)
-		if err == nil || !isLocalExhaustion(err) || time.Now().After(deadline) {
-			return c, err
+		c, err := p.dial(ctx, "tcp", addr)
+		if err == nil {
+			return c, nil
 		}
-		if !sleepCtx(ctx, localRetryDelay) {
+		err = fmt.Errorf("dial upstream %s: %w", addr, err)
+		if !isLocalExhaustion(err) || !sleepCtx(ctx, localRetryDelay) {
 			return nil, err
 		}
 	}
-}
-
-func (p *proxy) dialUpstream(ctx context.Context, addr string) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
-	defer cancel()
-	c, err := p.dial(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("dial upstream %s: %w", addr, err)
-	}
-	return c, nil
 }
 
 // shutdown force-closes every proxied connection and waits up to

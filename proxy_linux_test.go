@@ -139,6 +139,12 @@ func TestHedgingOffWaitsForDialTimeout(t *testing.T) {
 	px.pool.mu.Lock()
 	u := px.pool.upstreams[alive.addr]
 	px.pool.mu.Unlock()
+	// Its first check, had it ended later, would include it again.
+	waitFor(t, "the first check of the live upstream", func() bool {
+		px.pool.mu.Lock()
+		defer px.pool.mu.Unlock()
+		return !u.lastCheck.IsZero()
+	})
 	// Only the hole is pickable, so the first dial goes there.
 	px.pool.reportCheck(u, checkResult{err: errCheck})
 	px.pool.reportCheck(u, checkResult{err: errCheck})

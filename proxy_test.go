@@ -9,7 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -656,4 +658,130 @@ func TestHedgeFollowsFailedDial(t *testing.T) {
 	if took := time.Since(start); took > time.Second {
 		t.Errorf("first byte after %v; want under 1 s (dial timeout %v)", took.Round(time.Millisecond), px.dialTimeout)
 	}
+}
+
+// TestSlowDialGetsChecked: a dial that ran for the hedge delay, whether it
+// won or was called off, triggers a check of its upstream; the other dial
+// of the race, if fast, does not.
+func TestSlowDialGetsChecked(t *testing.T) {
+	tests := []struct {
+		name string
+		// first and hedge are what the first dial and its hedge do before
+		// they dial for real: wait, or hang until called off.
+		first, hedge func(context.Context) error
+	}{
+		{"slow first dial wins just after its hedge started", waitThen(600 * time.Millisecond), waitThen(600 * time.Millisecond)},
+		{"hanging first dial loses to its hedge", hang, waitThen(0)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, b := startUpstream(t, echo), startUpstream(t, echo)
+			checks := newFakeChecks()
+			// A 125 ms connect time makes the hedge delay 500 ms.
+			checks.rtt[a.addr], checks.rtt[b.addr] = 125*time.Millisecond, 125*time.Millisecond
+			var mu sync.Mutex
+			var order []string
+			wrap := func(d dialFunc) dialFunc {
+				return func(ctx context.Context, network, addr string) (net.Conn, error) {
+					mu.Lock()
+					order = append(order, addr)
+					before := tt.first
+					if len(order) > 1 {
+						before = tt.hedge
+					}
+					mu.Unlock()
+					if err := before(ctx); err != nil {
+						return nil, err
+					}
+					return d(ctx, network, addr)
+				}
+			}
+			px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
+			waitFor(t, "the first checks", func() bool { return checks.count(a.addr) == 1 && checks.count(b.addr) == 1 })
+			waitFor(t, "a 500 ms hedge delay", func() bool { return px.pool.snap.Load().hedgeDelay == 500*time.Millisecond })
+			if err := roundTrip(dialProxy(t, px.addr), []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			mu.Lock()
+			dialed := slices.Clone(order)
+			mu.Unlock()
+			if len(dialed) != 2 {
+				t.Fatalf("dials: got %v; want the first and its hedge", dialed)
+			}
+			waitFor(t, "a check of the slow dial's upstream", func() bool { return checks.count(dialed[0]) == 2 })
+			// Both requests, had there been two, were made together.
+			if rzSettle(200*time.Millisecond, func() bool { return checks.count(dialed[1]) > 1 }) {
+				t.Errorf("checks of the hedge's upstream: got %d; want 1, the first only", checks.count(dialed[1]))
+			}
+		})
+	}
+}
+
+// waitThen returns a dial step that waits d, or until ctx is done.
+func waitThen(d time.Duration) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if !sleepCtx(ctx, d) {
+			return ctx.Err()
+		}
+		return nil
+	}
+}
+
+// hang is a dial step that hangs until ctx is done, like a black hole.
+func hang(ctx context.Context) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestDialPatientlyKeepsToTheDialTimeout: dials that fail for want of
+// descriptors are retried, all within one dial timeout, so a dial that
+// hangs after a long exhaustion still ends at the timeout.
+func TestDialPatientlyKeepsToTheDialTimeout(t *testing.T) {
+	const timeout = 2 * time.Second
+	tests := []struct {
+		name      string
+		exhausted time.Duration // dials fail with EMFILE until then
+		then      func(context.Context) (net.Conn, error)
+		wantTook  time.Duration
+		wantConn  bool
+	}{
+		{"connects once descriptors free up", 300 * time.Millisecond, pipeDial, 300 * time.Millisecond, true},
+		{"hangs after a long exhaustion", 1900 * time.Millisecond, hangDial, timeout, false},
+		{"exhausted throughout", time.Hour, pipeDial, timeout, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				start := time.Now()
+				p := &proxy{dialTimeout: timeout, dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+					if time.Since(start) < tt.exhausted {
+						return nil, &net.OpError{Op: "dial", Err: os.NewSyscallError("socket", errEMFILE())}
+					}
+					return tt.then(ctx)
+				}}
+				c, err := p.dialPatiently(t.Context(), "10.0.0.1:6443")
+				if took := time.Since(start); took != tt.wantTook {
+					t.Errorf("dial took %v; want %v", took, tt.wantTook)
+				}
+				if (c != nil) != tt.wantConn || (err == nil) != tt.wantConn {
+					t.Errorf("dial: got %v, %v; want a connection: %v", c, err, tt.wantConn)
+				}
+				if c != nil {
+					_ = c.Close()
+				}
+			})
+		})
+	}
+}
+
+// pipeDial connects at once, to an in-memory peer.
+func pipeDial(context.Context) (net.Conn, error) {
+	c, peer := net.Pipe()
+	_ = peer.Close()
+	return c, nil
+}
+
+// hangDial hangs until ctx is done, like a dial to a black hole.
+func hangDial(ctx context.Context) (net.Conn, error) {
+	return nil, hang(ctx)
 }

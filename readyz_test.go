@@ -346,6 +346,40 @@ func TestReadyzProbeVerifiesServerCertificate(t *testing.T) {
 	}
 }
 
+// TestReadyzProbeServerNameIsAnAddress probes with IP addresses as the
+// server name, verified against the certificate's IP addresses. An IPv6
+// address once made every probe fail: it went into the URL without brackets.
+func TestReadyzProbeServerNameIsAnAddress(t *testing.T) {
+	pki := rzNewPKI(t)
+	cert := pki.ca.issue(t, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "kube-apiserver"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		NotBefore:   time.Now().Add(-time.Hour),
+		NotAfter:    time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	for _, tt := range []struct{ serverName, wantHost string }{
+		{"127.0.0.1", "127.0.0.1"},
+		{"::1", "[::1]"},
+	} {
+		t.Run(tt.serverName, func(t *testing.T) {
+			var host atomic.Pointer[string]
+			addr := rzStartHTTPS(t, cert.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				host.Store(&r.Host)
+				w.WriteHeader(http.StatusOK)
+			}))
+			p := pki.probe()
+			p.serverName = tt.serverName
+			res, _ := rzCheck(p, addr, 2*time.Second)
+			rzWantReady(t, res)
+			if got := host.Load(); got == nil || *got != tt.wantHost {
+				t.Errorf("Host header: got %v; want %q", got, tt.wantHost)
+			}
+		})
+	}
+}
+
 func TestReadyzProbeBoundedByDeadline(t *testing.T) {
 	pki := rzNewPKI(t)
 	silent := startUpstream(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })

@@ -16,8 +16,9 @@ import (
 // exclude an upstream; one success re-includes it.
 const failThreshold = 2
 
-// upstream is one API server endpoint known to the pool. addr, log and errs
-// never change; every other field is guarded by pool.mu.
+// upstream is one API server endpoint known to the pool. addr, log, errs,
+// dialSeconds, connGauge and recheck are set once and read without a lock;
+// every other field is guarded by pool.mu.
 type upstream struct {
 	addr string
 	log  *slog.Logger
@@ -47,8 +48,9 @@ type upstream struct {
 	// before the sweep's look at stalled connections (see closeStalled);
 	// nil when none is pending.
 	sweepDone chan struct{}
-	// recheck asks the probe loop for a check now; a failed client dial
-	// pokes it. Buffered: one pending request is enough.
+	// recheck asks the probe loop for a check now; a failed client dial of
+	// the included upstream and a slow dial poke it. Buffered: one pending
+	// request is enough.
 	recheck chan struct{}
 
 	// Readiness, with --health-check=readyz only. readyPending is set for a
@@ -267,8 +269,8 @@ func (p *pool) removeLocked(u *upstream) {
 	p.m.forgetUpstream(u.addr)
 }
 
-// reportCheck applies one health-check result to u's state machine; rtt is
-// the connect time of a successful check. It reports whether u failed but is
+// reportCheck applies one health-check result to u's state machine; res.rtt
+// is the connect time of a successful check. It reports whether u failed but is
 // still included, so a quick check should confirm the failure: a failed
 // connect while u is healthy, or a failed /readyz probe while u is ready.
 func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
@@ -333,16 +335,20 @@ func (p *pool) applyReadyLocked(u *upstream, res checkResult) bool {
 	return u.ready != wasReady || u.readyPending != wasPending
 }
 
-// reportDial applies a failed client dial to u's state machine and asks for
-// a check at once, so a dead upstream is confirmed without waiting an
-// interval.
+// reportDial applies a failed client dial to u's state machine and, while
+// u is still included, asks for a check at once, so a dead upstream is
+// confirmed without waiting an interval. An excluded upstream keeps to the
+// interval: with the whole control plane down every client dials it as a
+// last resort, and its checks must not follow the clients' retry rate.
 func (p *pool) reportDial(u *upstream, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.applyLocked(u, err) {
 		p.publishLocked()
 	}
-	p.requestCheck(u)
+	if u.healthy {
+		p.requestCheck(u)
+	}
 }
 
 // requestCheck asks u's probe loop for a check now. A pending request is

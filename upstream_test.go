@@ -558,6 +558,34 @@ func TestFailedDialTriggersCheck(t *testing.T) {
 	})
 }
 
+// TestExcludedUpstreamChecksKeepInterval: with every upstream down, each
+// client dials the excluded ones as a last resort. Those failed dials must
+// not each trigger a check, or the checks would follow the clients' rate.
+func TestExcludedUpstreamChecksKeepInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newTestPool(defaultTestPool)
+		defer tp.close()
+		const a = "10.0.0.1:6443"
+		tp.update([]string{a})
+		synctest.Wait()
+		tp.checks.set(a, true)
+		tp.reportDial(tp.upstream(a), errCheck) // fails too: excluded
+		synctest.Wait()
+		if got := tp.status(a); got != 0 {
+			t.Fatalf("after two failures: got %v; want 0", got)
+		}
+		before := tp.checks.count(a)
+		for range 10 {
+			tp.reportDial(tp.upstream(a), errCheck)
+			synctest.Wait()
+			time.Sleep(100 * time.Millisecond)
+		}
+		if got := tp.checks.count(a) - before; got != 0 {
+			t.Errorf("checks within 1 s of ten failed dials of an excluded upstream: got %d; want 0 (interval %v)", got, defaultTestPool.interval)
+		}
+	})
+}
+
 // newReadyzPool is newTestPool with readiness probes.
 func newReadyzPool(cfg poolConfig) *testPool {
 	cfg.readyz = true
