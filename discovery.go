@@ -409,8 +409,8 @@ func (c *restSliceClient) Watch(ctx context.Context, namespace string, opts meta
 // kubeRESTConfig returns the client configuration: credentials from
 // cfg.Kubeconfig when it is set, otherwise from the service-account files in
 // serviceAccountDir; the server is always https://LocalAddr. A kubeconfig
-// that is set but cannot be loaded is an error, not errNoKubeCredentials,
-// because the operator asked for it.
+// that is set but cannot be loaded is an error, not errNoKubeCredentials:
+// the operator asked for it, so the caller logs it as an error.
 func kubeRESTConfig(cfg kubeProviderConfig, serviceAccountDir string) (*rest.Config, error) {
 	if _, _, err := net.SplitHostPort(cfg.LocalAddr); err != nil {
 		return nil, fmt.Errorf("kubernetes client address %q: %w", cfg.LocalAddr, err)
@@ -503,8 +503,9 @@ func (b *watchBackoff) delay() time.Duration {
 type watchEnd int
 
 const (
-	// endClosed: the result channel closed without an error event, as on
-	// a server-side timeout or a dropped connection. Not an error.
+	// endClosed: the result channel closed without an error event from the
+	// API server, as on a server-side timeout or a dropped connection (see
+	// streamBroke). Not an error.
 	endClosed watchEnd = iota
 	// endError: the Watch call failed or an error event arrived, other
 	// than 410 Gone.
@@ -732,12 +733,34 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, out chan<- []string, routin
 				// The stream reports its own cancellation as an error.
 				return watchResult{end: endClosed, open: time.Since(opened)}
 			}
+			if streamBroke(ev.Object) {
+				w.log.Debug("watch stream broke", "err", apierrors.FromObject(ev.Object))
+				return watchResult{end: endClosed, open: time.Since(opened)}
+			}
 			return failedWatch(apierrors.FromObject(ev.Object), time.Since(opened))
 		}
 		if w.apply(ev) && !w.publish(ctx, out) {
 			return watchResult{end: endClosed, open: time.Since(opened)}
 		}
 	}
+}
+
+// clientWatchDecoding is the cause type client-go gives the error event it
+// sends when it cannot read the watch stream (rest.Request.newStreamWatcher).
+const clientWatchDecoding = "ClientWatchDecoding"
+
+// streamBroke reports whether obj, the object of a watch error event, is
+// client-go's report of a stream it could not read on rather than an error
+// the API server sent. client-go ends most dropped connections quietly but
+// reports some as such an event, "http2: client connection lost" among them,
+// which its HTTP/2 health check causes when a connection goes silent: a
+// dropped connection, which the spec does not count as an error.
+func streamBroke(obj runtime.Object) bool {
+	st, ok := obj.(*metav1.Status)
+	if !ok || st.Details == nil {
+		return false
+	}
+	return slices.ContainsFunc(st.Details.Causes, func(c metav1.StatusCause) bool { return c.Type == clientWatchDecoding })
 }
 
 // failedWatch classifies a failed Watch call or a watch error event.

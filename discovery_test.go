@@ -431,7 +431,12 @@ func statusEvent(code int32, reason metav1.StatusReason) *metav1.Status {
 var (
 	goneEvent  = statusEvent(http.StatusGone, metav1.StatusReasonExpired)
 	errorEvent = statusEvent(http.StatusInternalServerError, metav1.StatusReasonInternalError)
-	errGone    = apierrors.NewGone("too old resource version") //nolint:staticcheck // servers still send reason Gone; the provider handles it and Expired
+	// brokenStreamEvent is the object of the error event client-go sends
+	// when it loses the watch's HTTP/2 connection, built as client-go
+	// builds it (rest.Request.newStreamWatcher).
+	brokenStreamEvent = apierrors.NewClientErrorReporter(http.StatusInternalServerError, http.MethodGet, clientWatchDecoding).
+				AsObject(errors.New("unable to decode an event from the watch stream: http2: client connection lost"))
+	errGone = apierrors.NewGone("too old resource version") //nolint:staticcheck // servers still send reason Gone; the provider handles it and Expired
 )
 
 func TestKubeBackoffSteps(t *testing.T) {
@@ -495,6 +500,7 @@ func TestKubeReconnectRules(t *testing.T) {
 		closeAfter                // the stream closes cleanly after hold
 		errorAfter                // an error event after hold
 		goneAfter                 // a 410 event after hold
+		brokeAfter                // client-go reports the connection lost after hold
 	)
 	tests := []struct {
 		name           string
@@ -521,6 +527,16 @@ func TestKubeReconnectRules(t *testing.T) {
 			name:     "clean close after 29s continues the backoff",
 			failures: 2, outcome: closeAfter, hold: 29 * time.Second,
 			wantDelay: 4 * time.Second, wantThen: 8 * time.Second, wantCounted: false,
+		},
+		{
+			name:     "connection lost after 30s re-watches at once",
+			failures: 2, outcome: brokeAfter, hold: 30 * time.Second,
+			wantDelay: 0, wantThen: time.Second, wantCounted: false,
+		},
+		{
+			name:     "connection lost after 29s backs off",
+			failures: 0, outcome: brokeAfter, hold: 29 * time.Second,
+			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: false,
 		},
 		{
 			name:     "failed Watch call backs off",
@@ -598,6 +614,8 @@ func TestKubeReconnectRules(t *testing.T) {
 						fw.Error(errorEvent)
 					case goneAfter:
 						fw.Error(goneEvent)
+					case brokeAfter:
+						fw.Error(brokenStreamEvent)
 					default:
 						t.Fatalf("unknown outcome %v", tc.outcome)
 					}

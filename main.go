@@ -102,7 +102,9 @@
 //
 // With --endpoint-cache-file the last discovered endpoint list is written
 // atomically whenever it changes and used at start, beside the static
-// endpoints, until discovery answers. A corrupt cache is logged and ignored.
+// endpoints, until discovery answers. A corrupt cache is logged and ignored,
+// and so is the cache when discovery cannot start (no credentials, or a
+// --kubeconfig that does not load, which is logged as an error).
 //
 // # Metrics
 //
@@ -310,23 +312,30 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 
 // providers returns the static provider and, when enabled and credentials
 // exist, the Kubernetes provider, with the endpoint cache standing in for it
-// until it answers.
+// until it answers. Without the Kubernetes provider the cache is not used:
+// nothing would ever replace its list, which may name API servers long gone.
 func providers(cfg *config, log *slog.Logger, m *metrics, lbAddr string, cache *endpointCache) []provider {
 	ps := []provider{newStaticProvider(cfg.Endpoints)}
 	if !cfg.EnableDiscovery {
 		return ps
-	}
-	if cache != nil {
-		ps = append(ps, newCacheProvider(cache))
 	}
 	kp, err := newKubernetesProvider(kubeProviderConfig{
 		LocalAddr:  dialableAddr(lbAddr),
 		Kubeconfig: cfg.Kubeconfig,
 		ServerName: "kubernetes.default.svc",
 	}, log.With("component", "discovery", "provider", "kubernetes"), m)
-	if err != nil {
+	switch {
+	case errors.Is(err, errNoKubeCredentials):
 		log.Warn("kubernetes discovery off, serving static endpoints only", "err", err)
 		return ps
+	case err != nil:
+		// Credentials were there, or asked for with --kubeconfig, and
+		// failed: a mistake to fix, but the static endpoints still serve.
+		log.Error("kubernetes discovery off, serving static endpoints only", "err", err)
+		return ps
+	}
+	if cache != nil {
+		ps = append(ps, newCacheProvider(cache))
 	}
 	return append(ps, kp)
 }

@@ -430,20 +430,8 @@ func TestRunStartsFromEndpointCache(t *testing.T) {
 	if err := c.store([]string{alive.addr}); err != nil {
 		t.Fatal(err)
 	}
-	// Discovery is on but never answers: the kubeconfig's credentials are
-	// useless, and its requests reach an echo server through the proxy.
-	kubeconfig := dir + "/kubeconfig"
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", insecure-skip-tls-verify: true}}]
-users: [{name: u, user: {token: nothing}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	d := startDaemon(t, nil, "--endpoints", deadAddr(t), "--enable-discovery=true",
-		"--kubeconfig", kubeconfig, "--endpoint-cache-file", cachePath)
+		"--kubeconfig", uselessKubeconfig(t), "--endpoint-cache-file", cachePath)
 	conn, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -458,6 +446,45 @@ current-context: x
 	}
 }
 
+// uselessKubeconfig writes a kubeconfig that loads but whose credentials
+// are useless: discovery runs and never answers, as its requests reach an
+// echo server through the proxy.
+func uselessKubeconfig(t *testing.T) string {
+	t.Helper()
+	path := t.TempDir() + "/kubeconfig"
+	if err := os.WriteFile(path, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: nothing}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestRunIgnoresCacheWithoutDiscovery: when the kubernetes provider cannot
+// start, nothing would ever replace the cached list, so it is not used.
+func TestRunIgnoresCacheWithoutDiscovery(t *testing.T) {
+	a := startUpstream(t, echo)
+	cachePath := t.TempDir() + "/endpoints.json"
+	c := &endpointCache{path: cachePath, log: slog.New(slog.DiscardHandler)}
+	stale := deadAddr(t)
+	if err := c.store([]string{stale}); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, nil, "--endpoints", a.addr, "--enable-discovery=true",
+		"--kubeconfig", "/nonexistent/kubeconfig", "--endpoint-cache-file", cachePath)
+	_, body := httpGet(d.healthBase + "/upstreams")
+	if strings.Contains(body, stale) || strings.Contains(body, `"cache"`) {
+		t.Errorf("/upstreams lists the cached endpoint %s; want the static one only:\n%s", stale, body)
+	}
+	if logs := d.logs.String(); !strings.Contains(logs, `"level":"ERROR","msg":"kubernetes discovery off`) {
+		t.Errorf("log: got %s; want an error that discovery is off", logs)
+	}
+}
+
 func TestRunCorruptCacheIsNotFatal(t *testing.T) {
 	a := startUpstream(t, echo)
 	cachePath := t.TempDir() + "/endpoints.json"
@@ -465,7 +492,7 @@ func TestRunCorruptCacheIsNotFatal(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, nil, "--endpoints", a.addr, "--endpoint-cache-file", cachePath, "--enable-discovery=true",
-		"--kubeconfig", "/nonexistent/kubeconfig")
+		"--kubeconfig", uselessKubeconfig(t))
 	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)

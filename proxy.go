@@ -578,18 +578,27 @@ func (p *proxy) dialAttempt(ctx context.Context, a attempt, results chan<- attem
 // dialPatiently dials addr within the dial timeout, and while the dial
 // fails because this process is out of descriptors, waits and tries again
 // within the same timeout: a moment of exhaustion then delays clients
-// instead of dropping them.
+// instead of dropping them. When the timeout runs out after such a failure,
+// it returns the exhaustion, which is not blamed on the upstream: the time
+// went on waiting for descriptors.
 func (p *proxy) dialPatiently(ctx context.Context, addr string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
 	defer cancel()
+	var exhausted error // the last failure for want of local resources
 	for {
 		c, err := p.dial(ctx, "tcp", addr)
-		if err == nil {
+		switch {
+		case err == nil:
 			return c, nil
+		case isLocalExhaustion(err):
+			exhausted = fmt.Errorf("dial upstream %s: %w", addr, err)
+		case exhausted != nil && ctx.Err() != nil:
+			return nil, exhausted
+		default:
+			return nil, fmt.Errorf("dial upstream %s: %w", addr, err)
 		}
-		err = fmt.Errorf("dial upstream %s: %w", addr, err)
-		if !isLocalExhaustion(err) || !sleepCtx(ctx, localRetryDelay) {
-			return nil, err
+		if !sleepCtx(ctx, localRetryDelay) {
+			return nil, exhausted
 		}
 	}
 }

@@ -766,6 +766,10 @@ func TestDialPatientlyKeepsToTheDialTimeout(t *testing.T) {
 				if (c != nil) != tt.wantConn || (err == nil) != tt.wantConn {
 					t.Errorf("dial: got %v, %v; want a connection: %v", c, err, tt.wantConn)
 				}
+				// Time spent waiting for descriptors is not the upstream's.
+				if err != nil && !isLocalExhaustion(err) {
+					t.Errorf("dial error: got %v; want the exhaustion", err)
+				}
 				if c != nil {
 					_ = c.Close()
 				}

@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -217,5 +221,150 @@ func TestKubeWatcherBacksOffFailedWatchCalls(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.discoveryErrors.WithLabelValues(kubeProviderName)); got != float64(n) {
 		t.Errorf("discovery errors %v; want %d, one per failed Watch call", got, n)
+	}
+}
+
+// TestKubeWatcherLostHTTP2ConnectionIsNoError runs the watch over HTTP/2
+// through a relay that goes silent, as a black-holed path does. client-go's
+// HTTP/2 health check, made quick here, gives the connection up and reports
+// that as a watch error event ("http2: client connection lost"); it is a
+// dropped connection, not counted, and the watch is opened again.
+func TestKubeWatcherLostHTTP2ConnectionIsNoError(t *testing.T) {
+	// client-go reads these when it builds the transport.
+	t.Setenv("HTTP2_READ_IDLE_TIMEOUT_SECONDS", "1")
+	t.Setenv("HTTP2_PING_TIMEOUT_SECONDS", "1")
+	watches := make(chan struct{}, 10)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") != "true" {
+			_, _ = io.WriteString(w, wireList)
+			return
+		}
+		watches <- struct{}{}
+		_, _ = io.WriteString(w, wireWatch[:strings.Index(wireWatch, "\n{")+1]) // the ADDED event only
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	relay := startSilencingRelay(t, srv.Listener.Addr().String())
+	c, err := newRESTSliceClient(&rest.Config{
+		Host: "https://" + relay.addr,
+		TLSClientConfig: rest.TLSClientConfig{
+			CAData:     pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}),
+			ServerName: "example.com", // on httptest's certificate
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMetrics(prometheus.NewRegistry())
+	w := newKubeWatcher(c, testLogger(t), m, func() float64 { return 0 })
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan []string, 10)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.run(ctx, out) }()
+	defer func() { cancel(); <-done }()
+
+	receive(t, out, "the listed endpoints")
+	receive(t, out, "the endpoints after the watch event") // the client reads the stream
+	relay.silence()
+	select {
+	case <-watches: // the first watch
+	default:
+		t.Fatal("no watch request before the event")
+	}
+	select {
+	case <-watches:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no new watch within 10 s of the connection going silent")
+	}
+	if got := testutil.ToFloat64(m.discoveryErrors.WithLabelValues(kubeProviderName)); got != 0 {
+		t.Errorf("discovery_errors_total after a lost connection: got %v; want 0", got)
+	}
+}
+
+// receive waits up to 10 s for a list on out.
+func receive(t *testing.T, out <-chan []string, what string) {
+	t.Helper()
+	select {
+	case <-out:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// silencingRelay forwards TCP connections on 127.0.0.1 to a target. After
+// silence, the connections it has drop whatever they receive, as a
+// black-holed path does; later ones forward normally.
+type silencingRelay struct {
+	addr  string
+	mu    sync.Mutex
+	muted []*atomic.Bool // of the open connections
+}
+
+func startSilencingRelay(t *testing.T, target string) *silencingRelay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &silencingRelay{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	var conns sync.Map // every socket, closed at the end
+	t.Cleanup(func() {
+		_ = ln.Close()
+		conns.Range(func(c, _ any) bool { _ = c.(net.Conn).Close(); return true })
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			upstream, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = client.Close()
+				continue
+			}
+			conns.Store(client, nil)
+			conns.Store(upstream, nil)
+			muted := new(atomic.Bool)
+			r.mu.Lock()
+			r.muted = append(r.muted, muted)
+			r.mu.Unlock()
+			wg.Go(func() { relayUnlessMuted(upstream, client, muted) })
+			wg.Go(func() { relayUnlessMuted(client, upstream, muted) })
+		}
+	})
+	return r
+}
+
+func (r *silencingRelay) silence() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.muted {
+		m.Store(true)
+	}
+	r.muted = nil
+}
+
+// relayUnlessMuted copies src to dst, dropping the bytes once muted is set,
+// until either side fails; then it closes both.
+func relayUnlessMuted(dst, src net.Conn, muted *atomic.Bool) {
+	defer func() { _ = dst.Close(); _ = src.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !muted.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
 	}
 }
