@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -749,18 +750,27 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, out chan<- []string, routin
 // sends when it cannot read the watch stream (rest.Request.newStreamWatcher).
 const clientWatchDecoding = "ClientWatchDecoding"
 
+// lostConnection is in the message of such an event when the HTTP/2
+// connection went away under the stream: net/http's "http2: client
+// connection lost", which client-go's HTTP/2 health check causes when a
+// connection goes silent, and "http2: client connection force closed".
+const lostConnection = "http2: client connection "
+
 // streamBroke reports whether obj, the object of a watch error event, is
-// client-go's report of a stream it could not read on rather than an error
-// the API server sent. client-go ends most dropped connections quietly but
-// reports some as such an event, "http2: client connection lost" among them,
-// which its HTTP/2 health check causes when a connection goes silent: a
-// dropped connection, which the spec does not count as an error.
+// client-go's report that the stream's connection was lost, rather than an
+// error the API server sent. client-go ends most dropped connections
+// quietly but reports these as an error event; the spec counts a dropped
+// connection as a stream ending, not as an error. Other read errors, such as
+// an event that does not decode, stay errors: they would recur on the next
+// watch from the same resource version.
 func streamBroke(obj runtime.Object) bool {
 	st, ok := obj.(*metav1.Status)
 	if !ok || st.Details == nil {
 		return false
 	}
-	return slices.ContainsFunc(st.Details.Causes, func(c metav1.StatusCause) bool { return c.Type == clientWatchDecoding })
+	return slices.ContainsFunc(st.Details.Causes, func(c metav1.StatusCause) bool {
+		return c.Type == clientWatchDecoding && strings.Contains(c.Message, lostConnection)
+	})
 }
 
 // failedWatch classifies a failed Watch call or a watch error event.

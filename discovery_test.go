@@ -436,6 +436,9 @@ var (
 	// builds it (rest.Request.newStreamWatcher).
 	brokenStreamEvent = apierrors.NewClientErrorReporter(http.StatusInternalServerError, http.MethodGet, clientWatchDecoding).
 				AsObject(errors.New("unable to decode an event from the watch stream: http2: client connection lost"))
+	// garbledStreamEvent is the same for a stream that does not decode.
+	garbledStreamEvent = apierrors.NewClientErrorReporter(http.StatusInternalServerError, http.MethodGet, clientWatchDecoding).
+				AsObject(errors.New("unable to decode an event from the watch stream: json: cannot unmarshal number into Go value of type struct"))
 	errGone = apierrors.NewGone("too old resource version") //nolint:staticcheck // servers still send reason Gone; the provider handles it and Expired
 )
 
@@ -495,12 +498,13 @@ func TestKubeBackoffSteps(t *testing.T) {
 func TestKubeReconnectRules(t *testing.T) {
 	type outcome int
 	const (
-		callError  outcome = iota // the Watch call fails
-		callGone                  // the Watch call fails with 410
-		closeAfter                // the stream closes cleanly after hold
-		errorAfter                // an error event after hold
-		goneAfter                 // a 410 event after hold
-		brokeAfter                // client-go reports the connection lost after hold
+		callError    outcome = iota // the Watch call fails
+		callGone                    // the Watch call fails with 410
+		closeAfter                  // the stream closes cleanly after hold
+		errorAfter                  // an error event after hold
+		goneAfter                   // a 410 event after hold
+		brokeAfter                  // client-go reports the connection lost after hold
+		garbledAfter                // client-go reports an event it cannot decode after hold
 	)
 	tests := []struct {
 		name           string
@@ -537,6 +541,11 @@ func TestKubeReconnectRules(t *testing.T) {
 			name:     "connection lost after 29s backs off",
 			failures: 0, outcome: brokeAfter, hold: 29 * time.Second,
 			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: false,
+		},
+		{
+			name:     "undecodable event after 29s continues the backoff",
+			failures: 3, outcome: garbledAfter, hold: 29 * time.Second,
+			wantDelay: 8 * time.Second, wantThen: 16 * time.Second, wantCounted: true,
 		},
 		{
 			name:     "failed Watch call backs off",
@@ -616,6 +625,8 @@ func TestKubeReconnectRules(t *testing.T) {
 						fw.Error(goneEvent)
 					case brokeAfter:
 						fw.Error(brokenStreamEvent)
+					case garbledAfter:
+						fw.Error(garbledStreamEvent)
 					default:
 						t.Fatalf("unknown outcome %v", tc.outcome)
 					}

@@ -69,14 +69,14 @@
 // latency prefers the lowest tier of smoothed connect times (see the README
 // for the exact rule). A dial slower than the hedge delay (4x the slowest
 // connect time of the preferred tier, 50-500 ms) gets a second dial to
-// another upstream; the first to connect wins, and the upstream of any dial
-// that ran that long is checked at once. A failed check or dial of an
-// included upstream is confirmed after 1 s or at once, and from the first
-// failure until the next success the upstream's sockets get 1 s keepalive
-// and a 3 s TCP_USER_TIMEOUT, so connections to a vanished peer close
-// within seconds; 3.5 s in, those
-// still retransmitting data without an ACK for 3 s (TCP_INFO) are closed
-// too, as the kernel applies the new timeout only at their next retry.
+// another upstream; the first to connect wins, and the upstream of a dial
+// called off after that long is checked at once. A failed check or dial of
+// an included upstream is confirmed after 1 s or at once, and from the
+// first failure until the next success the upstream's sockets get 1 s
+// keepalive and a 3 s TCP_USER_TIMEOUT, so connections to a vanished peer
+// close within seconds; 3.5 s in, those still retransmitting data without
+// an ACK for 3 s (TCP_INFO) are closed too, as the kernel applies the new
+// timeout only at their next retry.
 //
 // # Readiness
 //

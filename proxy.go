@@ -425,7 +425,6 @@ func (p *proxy) connect(ctx context.Context, pc *proxyConn) (*upstream, error) {
 		case a := <-cd.results:
 			cd.inflight--
 			if cd.finish(a, pc) {
-				cd.checkIfSlow(a)
 				return a.u, nil
 			}
 			// The dial still in flight, or the next one, gets a hedge
@@ -450,7 +449,8 @@ type attempt struct {
 	hedged     bool // started because an earlier dial was slow
 	conn       net.Conn
 	err        error
-	took       time.Duration // until the dial connected, failed or was called off
+	start      time.Time     // when connect started the dial
+	took       time.Duration // from start until it connected, failed or was called off
 }
 
 // connDial is the dial state of one client connection. Only the goroutine
@@ -474,7 +474,7 @@ func (cd *connDial) start(hedged bool) bool {
 	if cd.stop || cd.ctx.Err() != nil {
 		return false
 	}
-	a := attempt{u: cd.p.pool.pick(cd.tried), hedged: hedged}
+	a := attempt{u: cd.p.pool.pick(cd.tried), hedged: hedged, start: time.Now()}
 	if a.u == nil {
 		if hedged {
 			return false
@@ -545,62 +545,57 @@ func (cd *connDial) wait() {
 		a := <-cd.results
 		if a.err == nil {
 			_ = a.conn.Close()
-		} else if cd.won {
-			cd.checkIfSlow(a)
+		} else if cd.won && a.took >= cd.p.pool.snap.Load().hedgeDelay {
+			// Called off after the hedge delay: not a failure, but the
+			// upstream may have vanished, and a check now starts the sweep
+			// of its connections if so. Whether the dial was the hedge or
+			// the one hedged does not tell which was slow: a first dial
+			// may win just after its hedge started, and a slow dial that
+			// connects has shown its upstream alive.
+			cd.p.pool.requestCheck(a.u)
 		}
-	}
-}
-
-// checkIfSlow asks for a health check of a's upstream if the dial, won or
-// called off because another won, had run for the hedge delay: not a
-// failure, but a check now starts the sweep of the upstream's connections
-// if it has vanished. Whether the dial was the hedge or the one hedged
-// does not tell which was slow: a first dial may win just after its hedge
-// started.
-func (cd *connDial) checkIfSlow(a attempt) {
-	if a.took >= cd.p.pool.snap.Load().hedgeDelay {
-		cd.p.pool.requestCheck(a.u)
 	}
 }
 
 // dialAttempt runs one dial and reports it on results, which connect reads
 // until every dial it started has reported.
 func (p *proxy) dialAttempt(ctx context.Context, a attempt, results chan<- attempt) {
-	start := time.Now()
 	a.conn, a.err = p.dialPatiently(ctx, a.u.addr)
-	a.took = time.Since(start)
+	a.took = time.Since(a.start)
 	if a.err == nil {
 		a.u.dialSeconds.Observe(a.took.Seconds())
 	}
 	results <- a
 }
 
-// dialPatiently dials addr within the dial timeout, and while the dial
-// fails because this process is out of descriptors, waits and tries again
-// within the same timeout: a moment of exhaustion then delays clients
-// instead of dropping them. When the timeout runs out after such a failure,
-// it returns the exhaustion, which is not blamed on the upstream: the time
-// went on waiting for descriptors.
+// dialPatiently dials addr, and while the dial fails because this process
+// is out of descriptors, waits and tries again, for up to the dial timeout:
+// a moment of exhaustion then delays clients instead of dropping them. The
+// dial that gets its sockets has a dial timeout of its own, so a failure
+// within it is the upstream's, and time spent waiting for descriptors is
+// never blamed on the upstream. A client may so wait up to twice the dial
+// timeout; a hedged dial usually spares it that.
 func (p *proxy) dialPatiently(ctx context.Context, addr string) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
-	defer cancel()
-	var exhausted error // the last failure for want of local resources
+	deadline := time.Now().Add(p.dialTimeout)
 	for {
-		c, err := p.dial(ctx, "tcp", addr)
-		switch {
-		case err == nil:
-			return c, nil
-		case isLocalExhaustion(err):
-			exhausted = fmt.Errorf("dial upstream %s: %w", addr, err)
-		case exhausted != nil && ctx.Err() != nil:
-			return nil, exhausted
-		default:
-			return nil, fmt.Errorf("dial upstream %s: %w", addr, err)
+		c, err := p.dialUpstream(ctx, addr)
+		if err == nil || !isLocalExhaustion(err) || time.Now().After(deadline) {
+			return c, err
 		}
 		if !sleepCtx(ctx, localRetryDelay) {
-			return nil, exhausted
+			return nil, err
 		}
 	}
+}
+
+func (p *proxy) dialUpstream(ctx context.Context, addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.dialTimeout)
+	defer cancel()
+	c, err := p.dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial upstream %s: %w", addr, err)
+	}
+	return c, nil
 }
 
 // shutdown force-closes every proxied connection and waits up to

@@ -49,8 +49,8 @@ type upstream struct {
 	// nil when none is pending.
 	sweepDone chan struct{}
 	// recheck asks the probe loop for a check now; a failed client dial of
-	// the included upstream and a slow dial poke it. Buffered: one pending
-	// request is enough.
+	// the included upstream and a slow dial called off poke it. Buffered:
+	// one pending request is enough.
 	recheck chan struct{}
 
 	// Readiness, with --health-check=readyz only. readyPending is set for a
