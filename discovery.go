@@ -751,9 +751,10 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, out chan<- []string, routin
 const clientWatchDecoding = "ClientWatchDecoding"
 
 // lostConnection is in the message of such an event when the HTTP/2
-// connection went away under the stream: net/http's "http2: client
-// connection lost", which client-go's HTTP/2 health check causes when a
-// connection goes silent, and "http2: client connection force closed".
+// connection went away under the stream: golang.org/x/net/http2's "http2:
+// client connection lost", which client-go's HTTP/2 health check causes
+// when a connection goes silent, and "http2: client connection force
+// closed".
 const lostConnection = "http2: client connection "
 
 // streamBroke reports whether obj, the object of a watch error event, is

@@ -418,7 +418,8 @@ func (p *proxy) connect(ctx context.Context, pc *proxyConn) (*upstream, error) {
 	if !cd.start(false) {
 		return nil, cd.lastErr
 	}
-	hedge := time.NewTimer(p.pool.snap.Load().hedgeDelay)
+	cd.hedgeDelay = p.pool.snap.Load().hedgeDelay
+	hedge := time.NewTimer(cd.hedgeDelay)
 	defer hedge.Stop()
 	for cd.inflight > 0 {
 		select {
@@ -431,7 +432,8 @@ func (p *proxy) connect(ctx context.Context, pc *proxyConn) (*upstream, error) {
 			// of its own: one hanging dial must not hold the client
 			// for the dial timeout while other upstreams are there.
 			if cd.inflight > 0 || cd.start(false) {
-				hedge.Reset(p.pool.snap.Load().hedgeDelay)
+				cd.hedgeDelay = p.pool.snap.Load().hedgeDelay
+				hedge.Reset(cd.hedgeDelay)
 			}
 		case <-hedge.C:
 			if p.hedge && cd.inflight == 1 && cd.start(true) {
@@ -464,7 +466,8 @@ type connDial struct {
 	inflight     int
 	drainRetried bool
 	won          bool
-	stop         bool // no further dials: out of descriptors or drain retried
+	stop         bool          // no further dials: out of descriptors or drain retried
+	hedgeDelay   time.Duration // of the hedge timer last armed
 	lastErr      error
 }
 
@@ -545,14 +548,15 @@ func (cd *connDial) wait() {
 		a := <-cd.results
 		if a.err == nil {
 			_ = a.conn.Close()
-		} else if cd.won && a.took >= cd.p.pool.snap.Load().hedgeDelay {
+		} else if cd.won && a.took >= cd.hedgeDelay && !isLocalExhaustion(a.err) {
 			// Called off after the hedge delay: not a failure, but the
 			// upstream may have vanished, and a check now starts the sweep
 			// of its connections if so. Whether the dial was the hedge or
 			// the one hedged does not tell which was slow: a first dial
 			// may win just after its hedge started, and a slow dial that
-			// connects has shown its upstream alive.
-			cd.p.pool.requestCheck(a.u)
+			// connects has shown its upstream alive. A dial still waiting
+			// for descriptors never reached its upstream.
+			cd.p.pool.confirmSlow(a.u)
 		}
 	}
 }

@@ -663,7 +663,8 @@ func TestHedgeFollowsFailedDial(t *testing.T) {
 // TestCalledOffSlowDialGetsChecked: a dial called off because another won,
 // after it had run for the hedge delay, triggers a check of its upstream,
 // which may have vanished. A dial called off sooner does not, nor does a
-// slow dial that wins: it has shown its upstream alive.
+// slow dial that wins, which has shown its upstream alive, nor one that
+// was still waiting for descriptors, which never reached its upstream.
 func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 	tests := []struct {
 		name string
@@ -674,6 +675,7 @@ func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 	}{
 		{"slow first dial wins just after its hedge started", waitThen(600 * time.Millisecond), waitThen(600 * time.Millisecond), [2]bool{false, false}},
 		{"hanging first dial loses to its hedge", hang, waitThen(0), [2]bool{true, false}},
+		{"first dial out of descriptors loses to its hedge", outOfDescriptors, waitThen(0), [2]bool{false, false}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -682,13 +684,15 @@ func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 			// A 125 ms connect time makes the hedge delay 500 ms.
 			checks.rtt[a.addr], checks.rtt[b.addr] = 125*time.Millisecond, 125*time.Millisecond
 			var mu sync.Mutex
-			var order []string
+			var order []string // the upstreams dialed, each once
 			wrap := func(d dialFunc) dialFunc {
 				return func(ctx context.Context, network, addr string) (net.Conn, error) {
 					mu.Lock()
-					order = append(order, addr)
+					if !slices.Contains(order, addr) {
+						order = append(order, addr)
+					}
 					before := tt.first
-					if len(order) > 1 {
+					if addr != order[0] {
 						before = tt.hedge
 					}
 					mu.Unlock()
@@ -730,6 +734,12 @@ func waitThen(d time.Duration) func(context.Context) error {
 		}
 		return nil
 	}
+}
+
+// outOfDescriptors is a dial step that fails as socket(2) does when the
+// process has no descriptor left.
+func outOfDescriptors(context.Context) error {
+	return &net.OpError{Op: "dial", Err: os.NewSyscallError("socket", errEMFILE())}
 }
 
 // hang is a dial step that hangs until ctx is done, like a black hole.

@@ -351,6 +351,16 @@ func (p *pool) reportDial(u *upstream, err error) {
 	}
 }
 
+// confirmSlow asks for a check of u now, after a dial to it was called off
+// slow, while u is included: an excluded upstream keeps to its interval.
+func (p *pool) confirmSlow(u *upstream) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if u.healthy {
+		p.requestCheck(u)
+	}
+}
+
 // requestCheck asks u's probe loop for a check now. A pending request is
 // enough; more are dropped.
 func (p *pool) requestCheck(u *upstream) {

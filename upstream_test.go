@@ -577,11 +577,12 @@ func TestExcludedUpstreamChecksKeepInterval(t *testing.T) {
 		before := tp.checks.count(a)
 		for range 10 {
 			tp.reportDial(tp.upstream(a), errCheck)
+			tp.confirmSlow(tp.upstream(a)) // a slow dial called off
 			synctest.Wait()
 			time.Sleep(100 * time.Millisecond)
 		}
 		if got := tp.checks.count(a) - before; got != 0 {
-			t.Errorf("checks within 1 s of ten failed dials of an excluded upstream: got %d; want 0 (interval %v)", got, defaultTestPool.interval)
+			t.Errorf("checks within 1 s of ten failed and ten slow dials of an excluded upstream: got %d; want 0 (interval %v)", got, defaultTestPool.interval)
 		}
 	})
 }
