@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -231,13 +230,14 @@ func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log *sl
 // logs when the failures start and end.
 type steadyListener struct {
 	net.Listener
-	log       *slog.Logger
-	closed    chan struct{} // closed by Close, to end a backoff
-	closeOnce sync.Once
+	log    *slog.Logger
+	closed context.Context //nolint:containedctx // done once Close is called, to end a backoff
+	close  context.CancelFunc
 }
 
 func newSteadyListener(ln net.Listener, log *slog.Logger) *steadyListener {
-	return &steadyListener{Listener: ln, log: log, closed: make(chan struct{})}
+	closed, closeFn := context.WithCancel(context.Background())
+	return &steadyListener{Listener: ln, log: log, closed: closed, close: closeFn}
 }
 
 func (l *steadyListener) Accept() (net.Conn, error) {
@@ -253,28 +253,15 @@ func (l *steadyListener) Accept() (net.Conn, error) {
 		if backoff == 0 {
 			l.log.Error("health server accept failing, backing off until it works again", "err", err)
 		}
-		backoff = min(max(2*backoff, acceptBackoffMin), acceptBackoffMax)
-		if !l.sleep(backoff) {
+		backoff = nextAcceptBackoff(backoff)
+		if !sleepCtx(l.closed, backoff) {
 			return nil, fmt.Errorf("accept on %s: %w", l.Addr(), net.ErrClosed)
 		}
 	}
 }
 
-// sleep waits d or until the listener is closed; it reports whether d
-// elapsed.
-func (l *steadyListener) sleep(d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-l.closed:
-		return false
-	}
-}
-
 func (l *steadyListener) Close() error {
-	l.closeOnce.Do(func() { close(l.closed) })
+	l.close()
 	return l.Listener.Close()
 }
 

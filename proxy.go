@@ -262,9 +262,15 @@ func (p *proxy) acceptFailed(err error, backoff time.Duration) time.Duration {
 	if backoff == 0 {
 		p.stalledSince.Store(time.Now().UnixNano())
 		p.log.Error("accept failing, backing off until it works again", "err", err)
-		return acceptBackoffMin
 	}
-	return min(2*backoff, acceptBackoffMax)
+	return nextAcceptBackoff(backoff)
+}
+
+// nextAcceptBackoff is the wait after a failed accept that followed a wait
+// of prev, 0 for the first failure: from acceptBackoffMin, doubling to
+// acceptBackoffMax. The health server's listener backs off the same way.
+func nextAcceptBackoff(prev time.Duration) time.Duration {
+	return min(max(2*prev, acceptBackoffMin), acceptBackoffMax)
 }
 
 // acceptRecovered ends an episode of failing Accepts and returns the reset
