@@ -62,14 +62,34 @@ probes go to the pod IP, which is the node IP under hostNetwork.
 */}}
 {{- define "extractedprism.probeHost" -}}
 {{- if not .Values.metrics.expose -}}
-{{- $addr := default .Values.bindAddress .Values.healthBindAddress -}}
-{{- if eq $addr "0.0.0.0" -}}
+{{- include "extractedprism.localHost" (default .Values.bindAddress .Values.healthBindAddress) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The address a process on the node uses to reach a listener bound to the
+given address: loopback for a wildcard, else the address itself.
+*/}}
+{{- define "extractedprism.localHost" -}}
+{{- if eq . "0.0.0.0" -}}
 127.0.0.1
-{{- else if eq $addr "::" -}}
+{{- else if eq . "::" -}}
 ::1
 {{- else -}}
-{{- $addr -}}
+{{- . -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+host:port from a list of the two, with an IPv6 host in brackets, as in a
+URL.
+*/}}
+{{- define "extractedprism.hostPort" -}}
+{{- $host := index . 0 | toString -}}
+{{- if contains ":" $host -}}
+[{{ $host }}]:{{ index . 1 }}
+{{- else -}}
+{{ $host }}:{{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
