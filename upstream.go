@@ -54,7 +54,7 @@ type upstream struct {
 	recheck chan struct{}
 
 	// Readiness, with --health-check=readyz only. readyPending is set for a
-	// new upstream and after a failed TCP check: not ready until the next
+	// new upstream and one made unreachable by failed TCP checks: not ready until the next
 	// probe passes, and its connections are not moved meanwhile.
 	ready        bool
 	readyPending bool
@@ -307,6 +307,12 @@ func (p *pool) applyReadyLocked(u *upstream, res checkResult) bool {
 	}
 	wasReady, wasPending := u.ready, u.readyPending
 	switch {
+	case res.err != nil && u.healthy:
+		// One failed connect leaves the last probe's verdict standing:
+		// resetting it would call off the closing of other upstreams'
+		// connections, and a lost SYN per drain timeout would put that
+		// off for ever.
+		return false
 	case res.err != nil: // unreachable: not ready until a probe passes again
 		u.ready, u.readyPending, u.readyStreak = false, true, 0
 	case !res.probed:

@@ -628,7 +628,11 @@ func TestReadinessStateMachine(t *testing.T) {
 			{true, false, true, false},  // one failure: still ready
 			{true, false, false, false}, // second failure: not ready
 			{false, false, true, false}, // one success: ready again
-			{false, true, false, true},  // TCP failure: not ready, pending
+			{false, true, true, false},  // one failed connect: still ready
+			{false, true, false, true},  // unreachable: not ready, pending
+			{true, false, false, false}, // reachable, probe fails: not ready
+			{false, true, false, false}, // one failed connect: unchanged
+			{false, true, false, true},  // unreachable again
 			{false, false, true, false}, // the next probe passes: ready
 		}
 		for i, s := range steps {
@@ -785,13 +789,50 @@ func TestPendingUpstreamKeepsConnections(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp, held := evictionSetup(t, 0)
 		defer tp.close()
-		// A TCP failure resets readiness to pending: its connections stay
-		// until a probe has answered.
+		// Two failed connects make the upstream unreachable and reset its
+		// readiness to pending: its connections stay until a probe has
+		// answered.
 		tp.checks.set("10.0.0.1:6443", true)
-		time.Sleep(20 * time.Second)
+		time.Sleep(40 * time.Second)
 		synctest.Wait()
+		tp.mu.Lock()
+		pending := tp.upstreams["10.0.0.1:6443"].readyPending
+		tp.mu.Unlock()
+		if !pending {
+			t.Fatal("readiness not pending after two failed connects")
+		}
 		if isClosed(held) {
 			t.Fatal("connection closed while the upstream's first probe after a reset is pending")
+		}
+	})
+}
+
+// TestOneFailedCheckKeepsEvictionGoing: a single failed connect of the
+// only ready upstream neither makes it unready nor calls off the closing
+// of an unready upstream's connections, which would otherwise restart with
+// a full drain timeout after every lost SYN.
+func TestOneFailedCheckKeepsEvictionGoing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp, held := evictionSetup(t, 30*time.Second)
+		defer tp.close()
+		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
+		tp.checks.setUnready(a, true)
+		time.Sleep(45 * time.Second) // a not ready at 40 s: closing due at 70 s
+		synctest.Wait()
+		tp.checks.set(b, true)
+		time.Sleep(16 * time.Second) // b's check at 60 s fails
+		synctest.Wait()
+		tp.checks.set(b, false)
+		tp.mu.Lock()
+		bReady, aPending := tp.upstreams[b].ready, tp.upstreams[a].evictDone != nil
+		tp.mu.Unlock()
+		if !bReady || !aPending {
+			t.Fatalf("after one failed check of b: b ready=%v, a's closing pending=%v; want both", bReady, aPending)
+		}
+		time.Sleep(10 * time.Second) // past 70 s
+		synctest.Wait()
+		if !isClosed(held) {
+			t.Fatal("connection of the unready upstream still open past the drain timeout")
 		}
 	})
 }
