@@ -54,8 +54,9 @@ type upstream struct {
 	recheck chan struct{}
 
 	// Readiness, with --health-check=readyz only. readyPending is set for a
-	// new upstream and one made unreachable by failed TCP checks: not ready until the next
-	// probe passes, and its connections are not moved meanwhile.
+	// new upstream and for one made unreachable by failed TCP checks: not
+	// ready until the next probe passes, and its connections are not moved
+	// meanwhile.
 	ready        bool
 	readyPending bool
 	readyKnown   bool // a probe has run: upstream_ready is exported
