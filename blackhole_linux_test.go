@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,12 +29,13 @@ import (
 // network namespace.
 const privateNetnsEnv = "EP_TEST_PRIVATE_NETNS"
 
-// inPrivateNetns runs the current test binary again under `unshare -n`, in a
-// network namespace of its own with only a loopback link, where nftables
-// rules can black-hole an upstream without touching the host. In that copy
-// it brings loopback up and returns true; in the caller it runs the copy
-// with args, passes its output on, and returns false.
-func inPrivateNetns(tb testing.TB, args ...string) bool {
+// inPrivateNetns runs the current test or benchmark again, in a copy of
+// the test binary under `unshare -n`: a network namespace of its own with
+// only a loopback link, where nftables rules can black-hole an upstream
+// without touching the host. In that copy it brings loopback up and
+// returns true; in the caller it runs the copy, passes its output on, fails
+// unless the copy ran tb and passed, and returns false.
+func inPrivateNetns(tb testing.TB) bool {
 	tb.Helper()
 	if os.Getenv(privateNetnsEnv) == "1" {
 		runCmd(tb, "ip", "link", "set", "lo", "up")
@@ -47,15 +49,31 @@ func inPrivateNetns(tb testing.TB, args ...string) bool {
 			tb.Skipf("needs %s (apt-get install iproute2 nftables util-linux): %v", tool, err)
 		}
 	}
-	cmd := exec.Command("unshare", append([]string{"-n", os.Args[0]}, args...)...)
+	only := "^" + regexp.QuoteMeta(tb.Name()) + "$"
+	args := []string{"-test.run=" + only, "-test.v"}
+	passed := "--- PASS: " + tb.Name() + " "
+	if _, ok := tb.(*testing.B); ok {
+		args = []string{"-test.run=^$", "-test.bench=" + only, "-test.benchtime=1x"}
+		passed = "\n" + tb.Name()
+	}
+	ctx, cancel := context.WithTimeout(tb.Context(), netnsTimeout)
+	defer cancel()
+	args = append([]string{"-n", os.Args[0], "-test.timeout=" + netnsTimeout.String()}, args...)
+	cmd := exec.CommandContext(ctx, "unshare", args...)
 	cmd.Env = append(os.Environ(), privateNetnsEnv+"=1")
 	out, err := cmd.CombinedOutput()
 	fmt.Print(string(out))
 	if err != nil {
 		tb.Fatalf("run in a private network namespace: %v", err)
 	}
+	if !strings.Contains(string(out), passed) {
+		tb.Fatalf("the copy in a private network namespace did not run %s", tb.Name())
+	}
 	return false
 }
+
+// netnsTimeout bounds a test's copy in a private network namespace.
+const netnsTimeout = 5 * time.Minute
 
 func runCmd(tb testing.TB, name string, args ...string) {
 	tb.Helper()
@@ -261,7 +279,7 @@ func runBlackHole(tb testing.TB, mech mechanisms, held int, during time.Duration
 }
 
 func TestSweepClosesConnectionsToVanishedPeer(t *testing.T) {
-	if !inPrivateNetns(t, "-test.run=^TestSweepClosesConnectionsToVanishedPeer$", "-test.v") {
+	if !inPrivateNetns(t) {
 		return
 	}
 	r := runBlackHole(t, mechanisms{hedge: true, quick: true, sweep: true}, 5, 10*time.Second)
@@ -292,7 +310,7 @@ func TestSweepClosesConnectionsToVanishedPeer(t *testing.T) {
 //
 //	go test -run '^$' -bench BlackHole -benchtime 1x
 func BenchmarkBlackHole(b *testing.B) {
-	if !inPrivateNetns(b, "-test.run=^$", "-test.bench=^BenchmarkBlackHole$", "-test.benchtime=1x") {
+	if !inPrivateNetns(b) {
 		return
 	}
 	runs := []mechanisms{
@@ -351,7 +369,7 @@ func round(d time.Duration) time.Duration {
 // wait the normal 15 s interval for the next, and the connection would
 // outlive the black hole by that much.
 func TestSweepSettingsSurviveAnEarlyProbe(t *testing.T) {
-	if !inPrivateNetns(t, "-test.run=^TestSweepSettingsSurviveAnEarlyProbe$", "-test.v") {
+	if !inPrivateNetns(t) {
 		return
 	}
 	up := startUpstream(t, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
@@ -384,7 +402,7 @@ func TestSweepSettingsSurviveAnEarlyProbe(t *testing.T) {
 // next fires, at backoff 6 about 12.8 s later; the sweep's own look at
 // TCP_INFO must end it within about 3.5 s.
 func TestSweepEndsBackedOffRetransmission(t *testing.T) {
-	if !inPrivateNetns(t, "-test.run=^TestSweepEndsBackedOffRetransmission$", "-test.v") {
+	if !inPrivateNetns(t) {
 		return
 	}
 	sw := newSwept(t)

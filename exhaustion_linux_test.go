@@ -368,16 +368,17 @@ func TestExhaustionDaemonTellsTheTruth(t *testing.T) {
 	}
 }
 
-// TestExhaustionHealthzRecoversWithoutNewClient fails: it shows a bug in
-// proxy.serve. accept4(2) reserves a descriptor before it looks at the
-// queue, so while the process is out of descriptors every Accept fails with
-// EMFILE, waiting client or not. When the proxy accepts its last waiting
-// client with the last free descriptor, its next Accept fails at once and
-// stalledSince is set; only a later successful Accept clears it. Once
-// descriptors come back, Accept simply blocks (it works) but no client may
-// come for a long while (kubelet and kube-proxy keep their connections), so
-// /healthz fails after --liveness-threshold and the kubelet restarts a
-// daemon that had recovered, dropping every proxied connection.
+// TestExhaustionHealthzRecoversWithoutNewClient: accept4(2) reserves a
+// descriptor before it looks at the queue, so while the process is out of
+// descriptors every Accept fails with EMFILE, waiting client or not. When
+// the proxy accepts its last waiting client with the last free descriptor,
+// its next Accept fails at once and the stall begins. Once descriptors come
+// back no client may come for a long while (kubelet and kube-proxy keep
+// their connections), so the stall must end without one: proxy.serve
+// retries with a short accept deadline, and a timeout proves Accept works.
+// Were the stall cleared only by a successful Accept, /healthz would fail
+// after --liveness-threshold and the kubelet would restart a daemon that
+// had recovered, dropping every proxied connection.
 func TestExhaustionHealthzRecoversWithoutNewClient(t *testing.T) {
 	d := startExhDaemon(t)
 	d.exhaust(t)
@@ -395,7 +396,7 @@ func TestExhaustionHealthzRecoversWithoutNewClient(t *testing.T) {
 	// synchronisation.
 	time.Sleep(2*time.Second + 1500*time.Millisecond) // --liveness-threshold and a beat and a half
 	if code, body := d.kept.get(t, "/healthz"); code != http.StatusOK {
-		t.Errorf("BUG (proxy.serve: stalledSince is cleared only by a successful Accept): /healthz %v after descriptors came back, no client waiting: got %d %q; want 200",
+		t.Errorf("/healthz %v after descriptors came back, no client waiting: got %d %q; want 200 (the accept stall must end without a client)",
 			3500*time.Millisecond, code, strings.TrimSpace(body))
 	}
 }
@@ -405,7 +406,7 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 		t.Skip("opens thousands of connections; skipped with -short")
 	}
 	// The daemon sizes its connection bound from the limit it starts
-	// with: (2048-256)/6 = 298 proxied connections.
+	// with (connLimit: the limit less fdReserve, over fdsPerConn).
 	const startLimit = 2048
 	bound := connLimit(startLimit)
 	somaxconn := 4096

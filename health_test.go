@@ -319,19 +319,21 @@ func TestMetricsEndpoint(t *testing.T) {
 
 func TestNewHealthServerLimits(t *testing.T) {
 	srv := newHealthServer("127.0.0.1:7446", http.NotFoundHandler(), slog.New(slog.DiscardHandler))
+	// The slow-client tests shorten these to run quickly, so this is where
+	// the daemon's own values are checked.
 	durations := []struct {
-		name string
-		got  time.Duration
+		name      string
+		got, want time.Duration
 	}{
-		{"ReadHeaderTimeout", srv.ReadHeaderTimeout},
-		{"ReadTimeout", srv.ReadTimeout},
-		{"WriteTimeout", srv.WriteTimeout},
-		{"IdleTimeout", srv.IdleTimeout},
+		{"ReadHeaderTimeout", srv.ReadHeaderTimeout, healthReadHeaderTimeout},
+		{"ReadTimeout", srv.ReadTimeout, healthReadTimeout},
+		{"WriteTimeout", srv.WriteTimeout, healthWriteTimeout},
+		{"IdleTimeout", srv.IdleTimeout, healthIdleTimeout},
 	}
 	for _, d := range durations {
 		t.Run(d.name, func(t *testing.T) {
-			if d.got <= 0 {
-				t.Errorf("got %v; want positive", d.got)
+			if d.got != d.want || d.got <= 0 {
+				t.Errorf("got %v; want %v, positive", d.got, d.want)
 			}
 		})
 	}
@@ -522,6 +524,7 @@ func TestServeHealthSurvivesAcceptErrors(t *testing.T) {
 		srv := newHealthServer("pipe", handler, log)
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
+		start := time.Now()
 		go func() { done <- serveHealth(ctx, srv, ln, log) }()
 
 		conn := ln.dial()
@@ -534,6 +537,11 @@ func TestServeHealthSurvivesAcceptErrors(t *testing.T) {
 			t.Fatalf("after failed accepts: got %v; want an answer", err)
 		}
 		resp.Body.Close()
+		// Five failures back off 5, 10, 20, 40 and 80 ms before the
+		// accept that works.
+		if got, want := time.Since(start), 155*time.Millisecond; got != want {
+			t.Errorf("answered after %v of backoff; want %v", got, want)
+		}
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("status: got %d; want %d", resp.StatusCode, http.StatusOK)
 		}

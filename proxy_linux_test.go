@@ -314,12 +314,12 @@ func TestClientSocketsGetKeepaliveAndUserTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
-			defer c.Close()
-			time.Sleep(time.Second)
-		}
-	}()
+	// The connect completes in the listen backlog, before Accept.
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
 	c, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)

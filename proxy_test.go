@@ -359,7 +359,15 @@ func TestProxyRetriesFailedDialOnAnotherUpstream(t *testing.T) {
 func TestProxyLastResortWhenNothingPickable(t *testing.T) {
 	alive := startUpstream(t, echo)
 	dead := deadAddr(t)
-	px := startProxy(t, poolConfig{}, alive.addr, dead)
+	// Every check fails, so only the test decides the upstreams' state.
+	failing := func(context.Context, string) checkResult { return checkResult{err: errors.New("test: check failed")} }
+	var dialled dialLog
+	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, failing, dialled.wrap, alive.addr, dead)
+	// The dead upstream was healthy last, so the last-resort dial tries it
+	// first and its failure is the one that must not be counted.
+	px.pool.mu.Lock()
+	px.pool.upstreams[dead].lastHealthy = time.Now()
+	px.pool.mu.Unlock()
 	// Mark both unhealthy as two failed checks would.
 	for _, addr := range []string{alive.addr, dead} {
 		u := px.pool.upstreams[addr]
@@ -380,6 +388,30 @@ func TestProxyLastResortWhenNothingPickable(t *testing.T) {
 	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(dead)); got != errsBefore {
 		t.Errorf("connection_errors_total{upstream=dead}: got %v; want %v (last-resort failures are not counted)", got, errsBefore)
 	}
+	if got := dialled.list(); len(got) < 2 || got[0] != dead || got[1] != alive.addr {
+		t.Errorf("dials: got %v; want %s, then %s", got, dead, alive.addr)
+	}
+}
+
+// dialLog records the addresses a proxy dials, in order.
+type dialLog struct {
+	mu    sync.Mutex
+	addrs []string
+}
+
+func (l *dialLog) wrap(dial dialFunc) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		l.mu.Lock()
+		l.addrs = append(l.addrs, addr)
+		l.mu.Unlock()
+		return dial(ctx, network, addr)
+	}
+}
+
+func (l *dialLog) list() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.addrs)
 }
 
 func TestProxyRefusesClientWhenEveryDialFails(t *testing.T) {
@@ -655,8 +687,10 @@ func TestHedgeFollowsFailedDial(t *testing.T) {
 	if err := roundTrip(c, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(start); took > time.Second {
-		t.Errorf("first byte after %v; want under 1 s (dial timeout %v)", took.Round(time.Millisecond), px.dialTimeout)
+	// About 0.4 s with the re-hedge; without it the client would wait
+	// for the dial timeout.
+	if took := time.Since(start); took > 1500*time.Millisecond {
+		t.Errorf("first byte after %v; want under 1.5 s (dial timeout %v)", took.Round(time.Millisecond), px.dialTimeout)
 	}
 }
 
@@ -803,4 +837,51 @@ func pipeDial(context.Context) (net.Conn, error) {
 // hangDial hangs until ctx is done, like a dial to a black hole.
 func hangDial(ctx context.Context) (net.Conn, error) {
 	return nil, hang(ctx)
+}
+
+func TestNextAcceptBackoff(t *testing.T) {
+	want := []time.Duration{
+		5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond,
+		80 * time.Millisecond, 160 * time.Millisecond, 320 * time.Millisecond, 640 * time.Millisecond,
+		time.Second, time.Second,
+	}
+	var b time.Duration
+	for i, w := range want {
+		if b = nextAcceptBackoff(b); b != w {
+			t.Fatalf("backoff after %d failures: got %v; want %v", i+1, b, w)
+		}
+	}
+}
+
+// TestServeBacksOffFailingAccepts: the accept loop waits between failing
+// accepts, doubling from acceptBackoffMin, and accepts a waiting client as
+// soon as Accept works again.
+func TestServeBacksOffFailingAccepts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := slog.New(slog.DiscardHandler)
+		m := newMetrics(prometheus.NewRegistry())
+		pl := newPool(log, m, defaultTestPool, newFakeChecks().check, randomSelector{})
+		defer pl.close()
+		px := newProxy(log, m, pl, time.Second, 16)
+		ln := &failingListener{pipeListener: newPipeListener()}
+		ln.failures.Store(5)
+		ctx, cancel := context.WithCancel(t.Context())
+		start := time.Now()
+		done := make(chan struct{})
+		go func() { defer close(done); px.serve(ctx, ln) }()
+
+		client := ln.dial()
+		defer client.Close()
+		if got, want := time.Since(start), 155*time.Millisecond; got != want {
+			t.Errorf("client accepted after %v of backoff; want %v (5+10+20+40+80 ms)", got, want)
+		}
+		if got := px.acceptStalledFor(); got != 0 {
+			t.Errorf("accept stalled for %v after it worked again; want 0", got)
+		}
+		cancel()
+		<-done
+		if err := px.shutdown(); err != nil {
+			t.Error(err)
+		}
+	})
 }

@@ -1061,7 +1061,7 @@ func TestReadyzUnreadyConnectionsClosedAfterDrainTimeout(t *testing.T) {
 			at.Sub(failing), drain)
 	}
 	rzWantAlive(t, r.onA, "connection to A halfway through the drain timeout", "A")
-	at, ok := r.onA.closedBy(seen.Add(drain + 2*rzInterval + 300*time.Millisecond))
+	at, ok := r.onA.closedBy(seen.Add(drain + 2*time.Second))
 	if !ok {
 		t.Fatalf("connection to A still open %v after A turned not ready; want it closed after the drain timeout (%v)",
 			time.Since(seen), drain)
@@ -1089,7 +1089,9 @@ func (r *rzRig) wantAKeptPastDrain(t *testing.T, notReady time.Time, drain time.
 }
 
 func TestReadyzClosingCalledOffWhenReadyAgain(t *testing.T) {
-	const drain = time.Second
+	// Long enough for the change below to land well before it, even on a
+	// slow machine.
+	const drain = 2 * time.Second
 	r := rzStartRig(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true})
 	_, notReady := r.unreadyA(t)
 	r.a.status.Store(http.StatusOK)
@@ -1101,7 +1103,9 @@ func TestReadyzClosingCalledOffWhenReadyAgain(t *testing.T) {
 }
 
 func TestReadyzClosingCalledOffWhenNoOtherReady(t *testing.T) {
-	const drain = time.Second
+	// Long enough for the change below to land well before it, even on a
+	// slow machine.
+	const drain = 2 * time.Second
 	r := rzStartRig(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true})
 	_, notReady := r.unreadyA(t)
 	r.b.status.Store(http.StatusInternalServerError)
