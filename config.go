@@ -168,6 +168,9 @@ var badArgValue = regexp.MustCompile(`^invalid (?:boolean )?value (".*") for (?:
 // name the flag and its variable and the kind of value wanted, as the
 // errors about EP_ variables do. Other errors pass unchanged.
 func argError(fs *flag.FlagSet, err error) error {
+	if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+		return fmt.Errorf("unknown flag --%s (--help lists the flags)", name)
+	}
 	m := badArgValue.FindStringSubmatch(err.Error())
 	if m == nil {
 		return err
@@ -207,6 +210,9 @@ func printUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "a flag on the command line wins over its variable.")
 	fmt.Fprintln(w)
 	fs.VisitAll(func(f *flag.Flag) { fmt.Fprintln(w, usageLine(f)) })
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "       %s status [--health-address host:port] [--json]\n", fs.Name())
+	fmt.Fprintln(w, "prints the upstream table of a running daemon from its /upstreams endpoint.")
 }
 
 // usageLine describes flag f in one line, for example
@@ -401,7 +407,8 @@ func flagError(name, format string, args ...any) error {
 }
 
 // normalizeEndpoints checks the --endpoints entries and returns them
-// normalized, or one error listing every bad entry.
+// normalized, each once in the order first given, or one error listing
+// every bad entry.
 func normalizeEndpoints(entries []string) ([]string, error) {
 	if len(entries) == 0 {
 		return nil, flagError("endpoints", "must not be empty: want a comma-separated list of host:port")
@@ -414,7 +421,9 @@ func normalizeEndpoints(entries []string) ([]string, error) {
 			problems = append(problems, err.Error())
 			continue
 		}
-		normalized = append(normalized, n)
+		if !slices.Contains(normalized, n) {
+			normalized = append(normalized, n)
+		}
 	}
 	if len(problems) > 0 {
 		return nil, flagError("endpoints", "must list host:port pairs with an IP address or RFC 1123 hostname and a port in 1-65535: %s", strings.Join(problems, "; "))
@@ -583,8 +592,13 @@ func newLogger(level slog.Level, w io.Writer) *slog.Logger {
 }
 
 // nameLevel is a slog.HandlerOptions.ReplaceAttr that prints the levels
-// above Error by name ("FATAL") instead of as an offset ("ERROR+6").
+// above Error by name ("FATAL") instead of as an offset ("ERROR+6"), and
+// durations as text ("30s"), where JSON would have nanoseconds.
 func nameLevel(groups []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		a.Value = slog.StringValue(a.Value.Duration().String())
+		return a
+	}
 	if len(groups) > 0 || a.Key != slog.LevelKey {
 		return a
 	}

@@ -383,6 +383,11 @@ func TestParseConfigEndpointList(t *testing.T) {
 			value: " 10.0.0.1:6443 , [fd00::1]:6443,API.example.com:6443 ",
 			want:  []string{"10.0.0.1:6443", "[fd00::1]:6443", "api.example.com:6443"},
 		},
+		{
+			name:  "one upstream written three ways",
+			value: "10.0.0.2:6443,10.0.0.1:06443,[::ffff:10.0.0.1]:6443,10.0.0.1:6443",
+			want:  []string{"10.0.0.2:6443", "10.0.0.1:6443"},
+		},
 		{name: "trailing comma", value: "10.0.0.1:6443,", wantErr: true},
 		{name: "doubled comma", value: "10.0.0.1:6443,,10.0.0.2:6443", wantErr: true},
 		{name: "only commas", value: ",", wantErr: true},
@@ -640,6 +645,19 @@ func TestNewLogger(t *testing.T) {
 	}
 }
 
+// Durations are logged as text: JSON would have them in nanoseconds.
+func TestLoggerWritesDurationsAsText(t *testing.T) {
+	var out bytes.Buffer
+	newLogger(slog.LevelInfo, &out).With("interval", 20*time.Second).Info("hello", "timeout", 1500*time.Millisecond)
+	var record map[string]any
+	if err := json.Unmarshal(out.Bytes(), &record); err != nil {
+		t.Fatalf("decode %q: %v", out.String(), err)
+	}
+	if record["timeout"] != "1.5s" || record["interval"] != "20s" {
+		t.Errorf("durations: got timeout %v, interval %v; want \"1.5s\", \"20s\" in %s", record["timeout"], record["interval"], out.String())
+	}
+}
+
 // A bad value on the command line gets the same kind of message as one in
 // an EP_ variable: the flag, its variable, the kind of value and the value.
 func TestParseConfigMalformedFlag(t *testing.T) {
@@ -650,7 +668,8 @@ func TestParseConfigMalformedFlag(t *testing.T) {
 		{"--health-port=99999999999999999999", `--health-port (EP_HEALTH_PORT): invalid port "99999999999999999999"`},
 		{"--enable-discovery=maybe", `--enable-discovery (EP_ENABLE_DISCOVERY): invalid boolean "maybe"`},
 		{`--health-timeout=say "1s"`, `--health-timeout (EP_HEALTH_TIMEOUT): invalid duration "say \"1s\""`},
-		{"--no-such-flag", "flag provided but not defined: -no-such-flag"},
+		{"--no-such-flag", "unknown flag --no-such-flag (--help lists the flags)"},
+		{"-no-such-flag=1", "unknown flag --no-such-flag (--help lists the flags)"},
 	}
 	for _, tt := range tests {
 		_, err := parseConfig([]string{"--endpoints=" + testEndpoint, tt.arg}, envOf(nil), io.Discard)

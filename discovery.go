@@ -161,7 +161,9 @@ func (mp *mergedProvider) sources() map[string][]string {
 			continue
 		}
 		for _, addr := range mp.byName[p.name()] {
-			out[addr] = append(out[addr], p.name())
+			if !slices.Contains(out[addr], p.name()) {
+				out[addr] = append(out[addr], p.name())
+			}
 		}
 	}
 	return out

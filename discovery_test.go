@@ -1319,6 +1319,21 @@ func TestCacheProviderSupersededByKubernetes(t *testing.T) {
 	})
 }
 
+// An endpoint a provider lists twice has that provider once among its
+// sources.
+func TestMergedSourcesNameEachProviderOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := startMerged(t, make(chan []string, 10), newStaticProvider([]string{"10.0.0.1:6443", "[::ffff:10.0.0.1]:6443"}))
+		if got := h.sent(); len(got) != 1 || !slices.Equal(got[0], []string{"10.0.0.1:6443"}) {
+			t.Errorf("sent: got %v; want the one endpoint once", got)
+		}
+		if src := h.mp.sources(); !slices.Equal(src["10.0.0.1:6443"], []string{staticProviderName}) {
+			t.Errorf("sources: got %v; want 10.0.0.1:6443 from static once", src)
+		}
+		h.stop(t)
+	})
+}
+
 // fakeSlices is the sliceClient over client-go's fake clientset.
 type fakeSlices struct{ c *fake.Clientset }
 

@@ -155,6 +155,10 @@ var Version, Revision string
 const shutdownTimeout = 5 * time.Second
 
 func main() {
+	// Without this, a write to a closed stderr (a log shipper or `| tee`
+	// that went away) would kill the daemon with SIGPIPE and drop every
+	// proxied connection; ignored, the write just fails.
+	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
@@ -191,14 +195,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	lbLn, err := listenTCP(ctx, net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.BindPort)))
 	if err != nil {
-		return err
+		return fmt.Errorf("load balancer listener (--bind-address, --bind-port): %w", err)
 	}
 	healthAddr := net.JoinHostPort(cfg.HealthBindAddress, strconv.Itoa(cfg.HealthPort))
 	var lc net.ListenConfig
 	healthLn, err := lc.Listen(ctx, "tcp", healthAddr)
 	if err != nil {
 		_ = lbLn.Close()
-		return fmt.Errorf("listen on %s: %w", healthAddr, err)
+		return fmt.Errorf("health server listener (--health-bind-address, --health-port): listen on %s: %w", healthAddr, err)
 	}
 	d := newDaemon(cfg, log, lbLn.Addr().String())
 	return d.run(ctx, lbLn, healthLn)
@@ -362,8 +366,7 @@ func dialableHost(host string) string {
 }
 
 func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
-	d.log.Info("starting", "listen", lbLn.Addr().String(), "health", healthLn.Addr().String(),
-		"endpoints", d.cfg.Endpoints)
+	d.logStart(lbLn.Addr().String(), healthLn.Addr().String())
 	mux := newHealthHandler(d.heartbeat.alive, d.pool.ready, d.reg)
 	mux.Handle("/upstreams", readOnly(upstreamsHandler(d.describe)))
 	srv := newHealthServer(healthLn.Addr().String(), mux, d.log)
@@ -385,6 +388,7 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	wg.Go(func() { healthErr = serveHealth(ctx, srv, healthLn, d.log) })
 
 	d.loop(ctx, updates, discDone, toCache)
+	d.log.Info("shutting down", "cause", context.Cause(ctx).Error())
 
 	<-served // serve returns once ctx is done; no connection starts after it
 	err := d.proxy.shutdown()
@@ -393,6 +397,21 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	d.log.Info("stopped")
 	return errors.Join(err, healthErr)
 }
+
+// logStart logs the start-up line, and a warning when the open-files
+// limit leaves room for only a few proxied connections: past them, clients
+// wait in the listen backlog.
+func (d *daemon) logStart(listen, health string) {
+	limit := cap(d.proxy.slots)
+	d.log.Info("starting", "listen", listen, "health", health, "endpoints", d.cfg.Endpoints, "max_connections", limit)
+	if limit < fewConnections {
+		d.log.Warn("the open-files limit allows few proxied connections; raise it (ulimit -n, LimitNOFILE)",
+			"max_connections", limit, "descriptors_per_connection", fdsPerConn, "reserved_descriptors", fdReserve)
+	}
+}
+
+// fewConnections is the connection limit below which start-up warns.
+const fewConnections = 64
 
 // loop is the run loop: it applies endpoint lists to the pool and beats the
 // liveness heartbeat until ctx is done.

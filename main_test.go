@@ -96,6 +96,9 @@ func (d *runningDaemon) stop(t *testing.T) {
 		if err != nil {
 			t.Errorf("run returned %v; want nil after shutdown", err)
 		}
+		if logs := d.logs.String(); !strings.Contains(logs, `"msg":"shutting down","cause":"context canceled"`) {
+			t.Errorf("log: no shutdown line with its cause in\n%s", logs)
+		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("run did not return within 15 s of shutdown")
 	}
@@ -196,6 +199,29 @@ func TestRunRejectsBadConfigBeforeListening(t *testing.T) {
 	}
 }
 
+// A port in use is reported with the flags of the listener that could not
+// have it, since both listeners bind the same address by default.
+func TestRunNamesTheListenerThatFailed(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	_, port, _ := net.SplitHostPort(taken.Addr().String())
+	for _, tt := range []struct{ flag, other, want string }{
+		{"--bind-port", "--health-port", "load balancer listener (--bind-address, --bind-port)"},
+		{"--health-port", "--bind-port", "health server listener (--health-bind-address, --health-port)"},
+	} {
+		err := run(context.Background(), []string{
+			"--endpoints", "127.0.0.1:6443", "--enable-discovery=false",
+			tt.flag, port, tt.other, strconv.Itoa(freePort(t)),
+		}, func(string) string { return "" }, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "address already in use") {
+			t.Errorf("%s taken: got %v; want an error with %q and the cause", tt.flag, err, tt.want)
+		}
+	}
+}
+
 func TestRunHelpAndVersionExitCleanly(t *testing.T) {
 	for _, arg := range []string{"--help", "--version"} {
 		var out bytes.Buffer
@@ -255,6 +281,25 @@ func TestRunIPv6(t *testing.T) {
 	defer c.Close()
 	if err := roundTrip(c, []byte("over IPv6")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestLogStartWarnsOfFewConnections(t *testing.T) {
+	for _, tt := range []struct {
+		limit int
+		warn  bool
+	}{{fewConnections - 1, true}, {fewConnections, false}} {
+		d := beatDaemon(tt.limit)
+		logs := &syncBuffer{}
+		d.log = slog.New(slog.NewTextHandler(logs, nil))
+		d.logStart("127.0.0.1:7445", "127.0.0.1:7446")
+		got := logs.String()
+		if !strings.Contains(got, "max_connections="+strconv.Itoa(tt.limit)) {
+			t.Errorf("limit %d: start-up log lacks max_connections:\n%s", tt.limit, got)
+		}
+		if warned := strings.Contains(got, "level=WARN"); warned != tt.warn {
+			t.Errorf("limit %d: warned=%v; want %v:\n%s", tt.limit, warned, tt.warn, got)
+		}
 	}
 }
 

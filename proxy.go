@@ -219,10 +219,9 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	var backoff time.Duration
+	var limitLogged time.Time
 	for {
-		select {
-		case p.slots <- struct{}{}:
-		case <-ctx.Done():
+		if !p.takeSlot(ctx, &limitLogged) {
 			return
 		}
 		c, err := ln.Accept()
@@ -255,6 +254,38 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 		p.workers.run(func() { defer p.wg.Done(); p.handle(ctx, c) }) // handle gives the slot back
 	}
 }
+
+// takeSlot takes a connection slot for the next Accept, waiting while every
+// slot is in use, and reports false if ctx ends first. Reaching the limit
+// is logged, at most once per limitLogEvery (logged is when it last was),
+// so that connections coming and going at the limit do not flood the log.
+func (p *proxy) takeSlot(ctx context.Context, logged *time.Time) bool {
+	select {
+	case p.slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	default:
+	}
+	quiet := time.Since(*logged) < limitLogEvery
+	if !quiet {
+		*logged = time.Now()
+		p.log.Warn("connection limit reached: new clients wait in the listen backlog; raise the open-files limit for more",
+			"limit", cap(p.slots))
+	}
+	select {
+	case p.slots <- struct{}{}:
+		if !quiet {
+			p.log.Info("below the connection limit again", "limit", cap(p.slots))
+		}
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// limitLogEvery spaces the log lines about reaching the connection limit.
+const limitLogEvery = time.Minute
 
 // acceptFailed logs the first failure of an episode and returns the next,
 // doubled, backoff.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -882,6 +883,48 @@ func TestServeBacksOffFailingAccepts(t *testing.T) {
 		<-done
 		if err := px.shutdown(); err != nil {
 			t.Error(err)
+		}
+	})
+}
+
+// TestConnectionLimitIsLogged: reaching the connection limit is logged
+// with the limit, and so is getting below it again, at most once a minute.
+func TestConnectionLimitIsLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &syncBuffer{}
+		log := slog.New(slog.NewTextHandler(logs, nil))
+		px := newProxy(log, newMetrics(prometheus.NewRegistry()), nil, time.Second, 1)
+		var logged time.Time
+		fillAndFree := func() {
+			px.slots <- struct{}{} // the one connection allowed
+			took := make(chan bool, 1)
+			go func() { took <- px.takeSlot(t.Context(), &logged) }()
+			synctest.Wait()
+			<-px.slots // it ends
+			if !<-took {
+				t.Fatal("takeSlot: got false; want a slot once one was free")
+			}
+			<-px.slots
+		}
+		const reached, below = `msg="connection limit reached`, `msg="below the connection limit again" limit=1`
+		fillAndFree()
+		if got := logs.String(); !strings.Contains(got, reached) || !strings.Contains(got, "limit=1") || !strings.Contains(got, below) {
+			t.Fatalf("log at the limit: got\n%s\nwant the limit reached and left, with the limit", got)
+		}
+		fillAndFree() // again at once: quiet
+		if n := strings.Count(logs.String(), reached); n != 1 {
+			t.Errorf("limit reached again within a minute: %d log lines; want 1", n)
+		}
+		time.Sleep(limitLogEvery)
+		fillAndFree()
+		if n := strings.Count(logs.String(), below); n != 2 {
+			t.Errorf("limit reached again after a minute: %d lines about leaving it; want 2", n)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		px.slots <- struct{}{}
+		cancel()
+		if px.takeSlot(ctx, &logged) {
+			t.Error("takeSlot at the limit after cancellation: got true; want false")
 		}
 	})
 }

@@ -307,6 +307,29 @@ func (p *pool) applyReadyLocked(u *upstream, res checkResult) bool {
 		return false
 	}
 	wasReady, wasPending := u.ready, u.readyPending
+	if !u.stepReadiness(res) {
+		return false
+	}
+	if res.probed {
+		u.readyKnown = true
+	}
+	if u.readyKnown {
+		p.m.upstreamReady.WithLabelValues(u.addr).Set(boolGauge(u.ready))
+	}
+	switch {
+	case u.ready && !wasReady:
+		u.log.Info("upstream ready")
+	case !u.ready && (wasReady || wasPending && !u.readyPending):
+		// Turning unready, or found unready by the first probe after a
+		// reset: either way the operator learns why.
+		u.log.Warn("upstream not ready", "err", cmp.Or(res.err, res.notReady))
+	}
+	return u.ready != wasReady || u.readyPending != wasPending
+}
+
+// stepReadiness applies one check result to u's readiness state and
+// reports false when the result says nothing about it.
+func (u *upstream) stepReadiness(res checkResult) bool {
 	switch {
 	case res.err != nil && u.healthy:
 		// One failed connect leaves the last probe's verdict standing:
@@ -326,20 +349,7 @@ func (p *pool) applyReadyLocked(u *upstream, res checkResult) bool {
 			u.ready, u.readyPending = false, false
 		}
 	}
-	if res.probed {
-		u.readyKnown = true
-	}
-	if u.readyKnown {
-		p.m.upstreamReady.WithLabelValues(u.addr).Set(boolGauge(u.ready))
-	}
-	if u.ready != wasReady {
-		if u.ready {
-			u.log.Info("upstream ready")
-		} else {
-			u.log.Warn("upstream not ready", "err", cmp.Or(res.err, res.notReady))
-		}
-	}
-	return u.ready != wasReady || u.readyPending != wasPending
+	return true
 }
 
 // reportDial applies a failed client dial to u's state machine and, while

@@ -619,6 +619,10 @@ func TestReadinessStateMachine(t *testing.T) {
 		if got := tp.readyGauge(a); got != 0 {
 			t.Errorf("after a failed first probe: upstream_ready got %v; want 0", got)
 		}
+		// and the operator is told why, although it was never ready
+		if logs := tp.logs.String(); !strings.Contains(logs, "level=WARN msg=\"upstream not ready\"") {
+			t.Errorf("log after a failed first probe: got\n%s\nwant a warning that the upstream is not ready", logs)
+		}
 		tp.checks.setUnready(a, false)
 		steps := []struct {
 			unready, tcpFail bool
