@@ -160,6 +160,10 @@ func main() {
 	// proxied connection; ignored, the write just fails.
 	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first signal starts the shutdown; with the handler gone, a
+	// second one ends the process at once, as an operator pressing ^C
+	// twice expects.
+	context.AfterFunc(ctx, stop)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -20,69 +21,135 @@ import (
 // that TestDaemonSurvivesClosedStderr starts, one per line.
 const mainArgsEnv = "EP_TEST_MAIN_ARGS"
 
-// TestDaemonSurvivesClosedStderr runs main in a copy of the test binary
-// whose stderr is a pipe, closes the pipe's reading end, makes the daemon
-// log, and checks that it still serves and then stops cleanly on SIGTERM:
-// a log shipper that goes away must not take the node's API path with it
-// (Go's default for a write to a closed stderr is death by SIGPIPE).
-func TestDaemonSurvivesClosedStderr(t *testing.T) {
-	if args := os.Getenv(mainArgsEnv); args != "" {
-		os.Args = append([]string{"extractedprism"}, strings.Split(args, "\n")...)
-		main()
-		return
-	}
+// mainChild is main running in a copy of the test binary; see startMain.
+type mainChild struct {
+	cmd        *exec.Cmd
+	stdout     bytes.Buffer
+	logs       *bufio.Reader // the child's stderr
+	closeLogs  func() error
+	proxyAddr  string
+	healthAddr string
+}
+
+// startMain runs main with args, plus listeners on free loopback ports and
+// no discovery, in a copy of the test binary that runs only the test t
+// (which must call runMainIfChild first), and waits for its start-up line.
+func startMain(t *testing.T, args ...string) *mainChild {
+	t.Helper()
 	bindPort, healthPort := freePort(t), freePort(t)
-	args := []string{
-		"--endpoints", deadAddr(t), "--enable-discovery=false", "--log-level", "debug",
-		"--bind-port", strconv.Itoa(bindPort), "--health-port", strconv.Itoa(healthPort),
-	}
+	args = append([]string{"--enable-discovery=false", "--log-level", "debug",
+		"--bind-port", strconv.Itoa(bindPort), "--health-port", strconv.Itoa(healthPort)}, args...)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestDaemonSurvivesClosedStderr$", "-test.v")
-	cmd.Env = append(os.Environ(), mainArgsEnv+"="+strings.Join(args, "\n"))
-	var stdout bytes.Buffer
-	cmd.Stdout = &stdout
-	logs, err := cmd.StderrPipe()
+	t.Cleanup(cancel)
+	mc := &mainChild{
+		proxyAddr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(bindPort)),
+		healthAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(healthPort)),
+	}
+	mc.cmd = exec.CommandContext(ctx, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
+	mc.cmd.Env = append(os.Environ(), mainArgsEnv+"="+strings.Join(args, "\n"))
+	mc.cmd.Stdout = &mc.stdout
+	logs, err := mc.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	mc.logs, mc.closeLogs = bufio.NewReader(logs), logs.Close
+	if err := mc.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	first, err := bufio.NewReader(logs).ReadString('\n')
+	first, err := mc.logs.ReadString('\n')
 	if err != nil {
 		t.Fatalf("first log line: %v", err)
 	}
 	if !strings.Contains(first, `"msg":"starting"`) {
-		t.Errorf("first log line: got %q; want the start-up line", first)
+		t.Fatalf("first log line: got %q; want the start-up line", first)
 	}
-	_ = logs.Close() // the log reader goes away
+	return mc
+}
+
+// runMainIfChild runs main and reports true in the copy startMain starts.
+func runMainIfChild() bool {
+	args := os.Getenv(mainArgsEnv)
+	if args == "" {
+		return false
+	}
+	os.Args = append([]string{"extractedprism"}, strings.Split(args, "\n")...)
+	main()
+	return true
+}
+
+// TestDaemonSurvivesClosedStderr closes the reading end of main's stderr,
+// makes the daemon log, and checks that it still serves and then stops
+// cleanly on SIGTERM: a log shipper that goes away must not take the
+// node's API path with it (Go's default for a write to a closed stderr is
+// death by SIGPIPE).
+func TestDaemonSurvivesClosedStderr(t *testing.T) {
+	if runMainIfChild() {
+		return
+	}
+	mc := startMain(t, "--endpoints", deadAddr(t))
+	_ = mc.closeLogs() // the log reader goes away
 
 	// Each client finds no upstream, which the daemon logs at debug level
 	// to the closed pipe.
-	healthz := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(healthPort)) + "/healthz"
 	for range 3 {
-		if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(bindPort)), 5*time.Second); err == nil {
+		if c, err := net.DialTimeout("tcp", mc.proxyAddr, 5*time.Second); err == nil {
 			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 			_, _ = c.Read(make([]byte, 1))
 			_ = c.Close()
 		}
 	}
 	waitFor(t, "/healthz after logging to a closed stderr", func() bool {
-		code, _ := httpGet(healthz)
+		code, _ := httpGet("http://" + mc.healthAddr + "/healthz")
 		return code == http.StatusOK
 	})
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	err = cmd.Wait()
+	err := mc.cmd.Wait()
 	if exit, ok := errors.AsType[*exec.ExitError](err); ok {
-		t.Fatalf("daemon ended with %v after its stderr closed; want a clean exit on SIGTERM\n%s", exit, stdout.String())
+		t.Fatalf("daemon ended with %v after its stderr closed; want a clean exit on SIGTERM\n%s", exit, mc.stdout.String())
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(stdout.String(), "--- PASS: TestDaemonSurvivesClosedStderr") {
-		t.Errorf("the copy did not run main:\n%s", stdout.String())
+	if !strings.Contains(mc.stdout.String(), "--- PASS: "+t.Name()) {
+		t.Errorf("the copy did not run main:\n%s", mc.stdout.String())
+	}
+}
+
+// TestSecondSignalEndsShutdown: while the first SIGTERM's shutdown waits
+// for a health client that never finishes its request, a second SIGTERM
+// ends the process at once instead of being swallowed.
+func TestSecondSignalEndsShutdown(t *testing.T) {
+	if runMainIfChild() {
+		return
+	}
+	mc := startMain(t, "--endpoints", deadAddr(t))
+	go func() { _, _ = io.Copy(io.Discard, mc.logs) }()
+	slow, err := net.DialTimeout("tcp", mc.healthAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	// Half a request keeps the health server's shutdown waiting for up to
+	// its 5 s grace period.
+	if _, err := io.WriteString(slow, "GET /healthz HTTP/1.1\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the server has read it
+	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the shutdown has begun
+	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	err = mc.cmd.Wait()
+	exit, ok := errors.AsType[*exec.ExitError](err)
+	if !ok {
+		t.Fatalf("after a second SIGTERM: got %v; want the process killed by it\n%s", err, mc.stdout.String())
+	}
+	if ws, _ := exit.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Errorf("after a second SIGTERM: process ended with %v; want killed by SIGTERM", exit)
 	}
 }
