@@ -113,6 +113,7 @@
 // _discovery_updates_total{provider}, _discovery_errors_total{provider},
 // _health_check_status{upstream}, _hedged_dials_total,
 // _hedged_dials_won_total, _dead_connections_closed_total,
+// _clients_refused_total,
 // _upstream_dial_duration_seconds{upstream}, _upstream_connections{upstream},
 // _drains_in_progress, _build_info{version,revision,goversion}, and with the
 // modes that produce them _upstream_rtt_seconds, _upstream_latency_tier and

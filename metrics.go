@@ -26,6 +26,7 @@ type metrics struct {
 	hedgedDials     prometheus.Counter
 	hedgedWins      prometheus.Counter
 	deadConnsClosed prometheus.Counter
+	clientsRefused  prometheus.Counter
 	dialSeconds     *prometheus.HistogramVec // upstream
 	upstreamConns   *prometheus.GaugeVec     // upstream
 	drains          prometheus.Gauge
@@ -93,7 +94,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.connectionsActive, m.connectionsTotal, m.connectionErrors,
 		m.discoveryUpdates, m.discoveryErrors,
 		m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
-		m.hedgedDials, m.hedgedWins, m.deadConnsClosed,
+		m.hedgedDials, m.hedgedWins, m.deadConnsClosed, m.clientsRefused,
 		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo,
 	)
 	version, revision := versionInfo()
@@ -114,6 +115,10 @@ func (m *metrics) addBeyondSpec() {
 	m.deadConnsClosed = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: metricNamespace, Name: "dead_connections_closed_total",
 		Help: "Proxied connections closed because the kernel timed out a peer, usually the upstream (keepalive or TCP_USER_TIMEOUT), or because the sweep found their upstream had stopped acknowledging their data.",
+	})
+	m.clientsRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: metricNamespace, Name: "clients_refused_total",
+		Help: "Client connections closed because no upstream could be dialled, last-resort dials included; not during shutdown.",
 	})
 	m.dialSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricNamespace, Name: "upstream_dial_duration_seconds",

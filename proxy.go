@@ -173,6 +173,9 @@ type proxy struct {
 	// peak is the most client connections open at once since the last
 	// takePeak, which resets it; only serve raises it.
 	peak atomic.Int64
+	// refusedLogged is when refused last warned (UnixNano), refusedSince
+	// how many clients were refused since.
+	refusedLogged, refusedSince atomic.Int64
 }
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
@@ -343,7 +346,7 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 	pc := &proxyConn{client: client}
 	u, err := p.connect(ctx, pc)
 	if err != nil {
-		p.log.Debug("client connection closed without upstream", "client", client.RemoteAddr().String(), "err", err)
+		p.refused(ctx, client, err)
 		p.end(nil, pc)
 		return
 	}
@@ -358,6 +361,29 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 	p.wg.Go(func() { s.copy(pc.upstream, pc.client) })
 	p.wg.Go(func() { s.copy(pc.client, pc.upstream) })
 }
+
+// refused counts and logs a client that no upstream could be dialled for.
+// Every refusal is logged at debug level; a warning, with how many were
+// refused since the last one, at most once per refusedLogEvery, so that a
+// control plane out of reach does not flood the log with a line per client.
+func (p *proxy) refused(ctx context.Context, client net.Conn, err error) {
+	if ctx.Err() != nil {
+		return // shutdown called the dials off
+	}
+	p.m.clientsRefused.Inc()
+	p.log.Debug("client connection closed without upstream", "client", client.RemoteAddr().String(), "err", err)
+	n := p.refusedSince.Add(1)
+	now := time.Now().UnixNano()
+	last := p.refusedLogged.Load()
+	if now-last < int64(refusedLogEvery) || !p.refusedLogged.CompareAndSwap(last, now) {
+		return
+	}
+	p.refusedSince.Add(-n)
+	p.log.Warn("client connections refused: no upstream could be reached", "refused", n, "err", err)
+}
+
+// refusedLogEvery spaces the warnings about refused clients.
+const refusedLogEvery = time.Minute
 
 // end closes a client connection that is over and gives its slot back.
 // u is the upstream pc is attached to, nil if none.

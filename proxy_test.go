@@ -425,6 +425,47 @@ func TestProxyRefusesClientWhenEveryDialFails(t *testing.T) {
 	if got := testutil.ToFloat64(px.m.connectionsTotal); got != 0 {
 		t.Errorf("connections_total: got %v; want 0", got)
 	}
+	if got := testutil.ToFloat64(px.m.clientsRefused); got != 1 {
+		t.Errorf("clients_refused_total: got %v; want 1", got)
+	}
+}
+
+// TestRefusedClientsAreCountedAndWarnedOfSparingly: every refused client
+// is counted; the warning comes at once, then at most once a minute with
+// the number refused since, and never for dials that shutdown called off.
+func TestRefusedClientsAreCountedAndWarnedOfSparingly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &syncBuffer{}
+		px := newProxy(slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), nil, time.Second, 1)
+		client, other := net.Pipe()
+		defer client.Close()
+		defer other.Close()
+		refuse := func(ctx context.Context, n int) {
+			for range n {
+				px.refused(ctx, client, errNoUpstream)
+			}
+		}
+		refuse(t.Context(), 3)
+		time.Sleep(refusedLogEvery / 2)
+		refuse(t.Context(), 2)
+		if got := strings.Count(logs.String(), "level=WARN"); got != 1 {
+			t.Fatalf("warnings within a minute: got %d; want 1:\n%s", got, logs.String())
+		}
+		if !strings.Contains(logs.String(), "refused=1 ") {
+			t.Errorf("first warning: got %q; want refused=1", logs.String())
+		}
+		time.Sleep(refusedLogEvery / 2)
+		refuse(t.Context(), 1)
+		if got := logs.String(); strings.Count(got, "level=WARN") != 2 || !strings.Contains(got, "refused=5 ") {
+			t.Errorf("after a minute: got\n%s\nwant a second warning with the 5 refused since the first", got)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		refuse(ctx, 1)
+		if got := testutil.ToFloat64(px.m.clientsRefused); got != 6 {
+			t.Errorf("clients_refused_total: got %v; want 6 (not the one refused during shutdown)", got)
+		}
+	})
 }
 
 func TestProxyKeepsServingWhileAnUpstreamDies(t *testing.T) {
