@@ -113,7 +113,7 @@
 // _discovery_updates_total{provider}, _discovery_errors_total{provider},
 // _health_check_status{upstream}, _hedged_dials_total,
 // _hedged_dials_won_total, _dead_connections_closed_total,
-// _clients_refused_total,
+// _clients_refused_total, _connection_limit,
 // _upstream_dial_duration_seconds{upstream}, _upstream_connections{upstream},
 // _drains_in_progress, _build_info{version,revision,goversion}, and with the
 // modes that produce them _upstream_rtt_seconds, _upstream_latency_tier and
@@ -156,10 +156,6 @@ var Version, Revision string
 const shutdownTimeout = 5 * time.Second
 
 func main() {
-	// Without this, a write to a closed stderr (a log shipper or `| tee`
-	// that went away) would kill the daemon with SIGPIPE and drop every
-	// proxied connection; ignored, the write just fails.
-	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	// The first signal starts the shutdown; with the handler gone, a
 	// second one ends the process at once, as an operator pressing ^C
@@ -195,6 +191,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := newLogger(level, stderr)
+	// A write to a closed stderr (a log shipper or `| tee` that went away)
+	// would kill the daemon with SIGPIPE and drop every proxied connection.
+	// With SIGPIPE notified the write just fails. Unlike signal.Ignore, this
+	// is not inherited by programs the daemon starts (a kubeconfig
+	// credential plugin), and the status command keeps the default.
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, syscall.SIGPIPE)
+	defer signal.Stop(pipes)
 	for _, ig := range cfg.ignoredSettings() {
 		log.Warn("setting has no effect", "setting", flagRef(ig.flag), "because", ig.because)
 	}
@@ -207,7 +211,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	healthLn, err := lc.Listen(ctx, "tcp", healthAddr)
 	if err != nil {
 		_ = lbLn.Close()
-		return fmt.Errorf("health server listener (--health-bind-address, --health-port): listen on %s: %w", healthAddr, err)
+		return fmt.Errorf("health server listener (--health-bind-address, --health-port): %w", err)
 	}
 	d := newDaemon(cfg, log, lbLn.Addr().String())
 	return d.run(ctx, lbLn, healthLn)

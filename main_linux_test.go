@@ -125,7 +125,6 @@ func TestSecondSignalEndsShutdown(t *testing.T) {
 		return
 	}
 	mc := startMain(t, "--endpoints", deadAddr(t))
-	go func() { _, _ = io.Copy(io.Discard, mc.logs) }()
 	slow, err := net.DialTimeout("tcp", mc.healthAddr, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -136,20 +135,51 @@ func TestSecondSignalEndsShutdown(t *testing.T) {
 	if _, err := io.WriteString(slow, "GET /healthz HTTP/1.1\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // the server has read it
+	shuttingDown := make(chan struct{})
+	go func() {
+		for {
+			line, err := mc.logs.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if strings.Contains(line, `"msg":"shutting down"`) {
+				close(shuttingDown)
+				_, _ = io.Copy(io.Discard, mc.logs)
+				return
+			}
+		}
+	}()
+	exited := make(chan error, 1)
 	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // the shutdown has begun
-	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	select {
+	case <-shuttingDown:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no shutdown line within 10 s of SIGTERM")
 	}
-	err = mc.cmd.Wait()
-	exit, ok := errors.AsType[*exec.ExitError](err)
-	if !ok {
-		t.Fatalf("after a second SIGTERM: got %v; want the process killed by it\n%s", err, mc.stdout.String())
-	}
-	if ws, _ := exit.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
-		t.Errorf("after a second SIGTERM: process ended with %v; want killed by SIGTERM", exit)
+	go func() { exited <- mc.cmd.Wait() }()
+	// The handler is gone soon after the shutdown starts; until the
+	// process ends, signal it again every 100 ms, for at most 3 s (its
+	// shutdown alone would take 5 s).
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(3 * time.Second)
+	for {
+		_ = mc.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-exited:
+			exit, ok := errors.AsType[*exec.ExitError](err)
+			if !ok {
+				t.Fatalf("after a second SIGTERM: got %v; want the process killed by it\n%s", err, mc.stdout.String())
+			}
+			if ws, _ := exit.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+				t.Errorf("after a second SIGTERM: process ended with %v; want killed by SIGTERM", exit)
+			}
+			return
+		case <-deadline:
+			t.Fatal("still running 3 s into its shutdown despite repeated SIGTERMs")
+		case <-tick.C:
+		}
 	}
 }

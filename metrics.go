@@ -27,6 +27,7 @@ type metrics struct {
 	hedgedWins      prometheus.Counter
 	deadConnsClosed prometheus.Counter
 	clientsRefused  prometheus.Counter
+	connLimit       prometheus.Gauge
 	dialSeconds     *prometheus.HistogramVec // upstream
 	upstreamConns   *prometheus.GaugeVec     // upstream
 	drains          prometheus.Gauge
@@ -94,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.connectionsActive, m.connectionsTotal, m.connectionErrors,
 		m.discoveryUpdates, m.discoveryErrors,
 		m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
-		m.hedgedDials, m.hedgedWins, m.deadConnsClosed, m.clientsRefused,
+		m.hedgedDials, m.hedgedWins, m.deadConnsClosed, m.clientsRefused, m.connLimit,
 		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo,
 	)
 	version, revision := versionInfo()
@@ -119,6 +120,10 @@ func (m *metrics) addBeyondSpec() {
 	m.clientsRefused = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: metricNamespace, Name: "clients_refused_total",
 		Help: "Client connections closed because no upstream could be dialled, last-resort dials included; not during shutdown.",
+	})
+	m.connLimit = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: metricNamespace, Name: "connection_limit",
+		Help: "Most client connections proxied at once, from the open-files limit; beyond it new clients wait in the listen backlog.",
 	})
 	m.dialSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricNamespace, Name: "upstream_dial_duration_seconds",

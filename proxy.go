@@ -185,6 +185,7 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 			return setUserTimeout(rc, normalSettings.userTimeout)
 		},
 	}
+	m.connLimit.Set(float64(max(maxConns, 1)))
 	return &proxy{
 		log: log, m: m, pool: pl,
 		dial:        d.DialContext,
@@ -199,11 +200,7 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 // keepalive settings from the ListenConfig.
 func listenTCP(ctx context.Context, addr string) (net.Listener, error) {
 	lc := listenConfig(net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9})
-	ln, err := lc.Listen(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", addr, err)
-	}
-	return ln, nil
+	return lc.Listen(ctx, "tcp", addr) // an error names the address
 }
 
 // connLimit derives the number of proxied connections from the open-files
@@ -259,9 +256,10 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 }
 
 // takeSlot takes a connection slot for the next Accept, waiting while every
-// slot is in use, and reports false if ctx ends first. Reaching the limit
-// is logged, at most once per limitLogEvery (logged is when it last was),
-// so that connections coming and going at the limit do not flood the log.
+// slot is in use, and reports false if ctx ends first. Being at the limit
+// is logged at once and every limitLogEvery while it lasts, but not more
+// often (logged is when it last was), so connections coming and going at
+// the limit do not flood the log; the end of a logged wait is logged too.
 func (p *proxy) takeSlot(ctx context.Context, logged *time.Time) bool {
 	select {
 	case p.slots <- struct{}{}:
@@ -270,24 +268,41 @@ func (p *proxy) takeSlot(ctx context.Context, logged *time.Time) bool {
 		return false
 	default:
 	}
-	quiet := time.Since(*logged) < limitLogEvery
-	if !quiet {
-		*logged = time.Now()
-		p.log.Warn("connection limit reached: new clients wait in the listen backlog; raise the open-files limit for more",
-			"limit", cap(p.slots))
-	}
-	select {
-	case p.slots <- struct{}{}:
-		if !quiet {
-			p.log.Info("below the connection limit again", "limit", cap(p.slots))
+	warned := false
+	for {
+		wait := limitLogEvery - time.Since(*logged)
+		if wait <= 0 {
+			*logged, warned, wait = time.Now(), true, limitLogEvery
+			p.log.Warn("at the connection limit: new clients wait in the listen backlog; raise the open-files limit for more",
+				"limit", cap(p.slots))
 		}
-		return true
-	case <-ctx.Done():
-		return false
+		if p.waitSlot(ctx, wait) {
+			if warned {
+				p.log.Info("below the connection limit again", "limit", cap(p.slots))
+			}
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
 	}
 }
 
-// limitLogEvery spaces the log lines about reaching the connection limit.
+// waitSlot waits up to d for a connection slot and reports whether it
+// took one; it gives up early when ctx ends.
+func (p *proxy) waitSlot(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case p.slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return false
+}
+
+// limitLogEvery spaces the log lines about being at the connection limit.
 const limitLogEvery = time.Minute
 
 // acceptFailed logs the first failure of an episode and returns the next,

@@ -917,6 +917,7 @@ func TestServeBacksOffFailingAccepts(t *testing.T) {
 		if got, want := time.Since(start), 155*time.Millisecond; got != want {
 			t.Errorf("client accepted after %v of backoff; want %v (5+10+20+40+80 ms)", got, want)
 		}
+		synctest.Wait() // serve has gone on from the accept
 		if got := px.acceptStalledFor(); got != 0 {
 			t.Errorf("accept stalled for %v after it worked again; want 0", got)
 		}
@@ -928,38 +929,48 @@ func TestServeBacksOffFailingAccepts(t *testing.T) {
 	})
 }
 
-// TestConnectionLimitIsLogged: reaching the connection limit is logged
-// with the limit, and so is getting below it again, at most once a minute.
+// TestConnectionLimitIsLogged: being at the connection limit is logged
+// with the limit, at once and every minute while it lasts but not more
+// often, and so is getting below it again after a logged wait.
 func TestConnectionLimitIsLogged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &syncBuffer{}
 		log := slog.New(slog.NewTextHandler(logs, nil))
 		px := newProxy(log, newMetrics(prometheus.NewRegistry()), nil, time.Second, 1)
+		if got := testutil.ToFloat64(px.m.connLimit); got != 1 {
+			t.Errorf("connection_limit: got %v; want 1", got)
+		}
 		var logged time.Time
-		fillAndFree := func() {
-			px.slots <- struct{}{} // the one connection allowed
+		// atLimitFor fills the one slot, lets takeSlot wait for d, then
+		// frees the slot and gives back what takeSlot took.
+		atLimitFor := func(d time.Duration) {
+			px.slots <- struct{}{}
 			took := make(chan bool, 1)
 			go func() { took <- px.takeSlot(t.Context(), &logged) }()
+			time.Sleep(d)
 			synctest.Wait()
-			<-px.slots // it ends
+			<-px.slots
 			if !<-took {
 				t.Fatal("takeSlot: got false; want a slot once one was free")
 			}
 			<-px.slots
 		}
-		const reached, below = `msg="connection limit reached`, `msg="below the connection limit again" limit=1`
-		fillAndFree()
-		if got := logs.String(); !strings.Contains(got, reached) || !strings.Contains(got, "limit=1") || !strings.Contains(got, below) {
-			t.Fatalf("log at the limit: got\n%s\nwant the limit reached and left, with the limit", got)
+		const at, below = `msg="at the connection limit`, `msg="below the connection limit again" limit=1`
+		count := func(s string) int { return strings.Count(logs.String(), s) }
+		atLimitFor(0)
+		if count(at) != 1 || count(below) != 1 || !strings.Contains(logs.String(), "limit=1") {
+			t.Fatalf("log at the limit: got\n%s\nwant the limit reached and left, with the limit", logs.String())
 		}
-		fillAndFree() // again at once: quiet
-		if n := strings.Count(logs.String(), reached); n != 1 {
-			t.Errorf("limit reached again within a minute: %d log lines; want 1", n)
+		time.Sleep(30 * time.Second)
+		atLimitFor(0) // again within the minute: quiet
+		if count(at) != 1 || count(below) != 1 {
+			t.Errorf("at the limit again within a minute: got\n%s\nwant no new lines", logs.String())
 		}
-		time.Sleep(limitLogEvery)
-		fillAndFree()
-		if n := strings.Count(logs.String(), below); n != 2 {
-			t.Errorf("limit reached again after a minute: %d lines about leaving it; want 2", n)
+		// At the limit for 2 minutes, starting 30 s after the first line:
+		// logged 30 s and 90 s into the wait, then its end.
+		atLimitFor(2 * time.Minute)
+		if count(at) != 3 || count(below) != 2 {
+			t.Errorf("at the limit for 2 minutes: got\n%s\nwant 2 more lines about it and its end", logs.String())
 		}
 		ctx, cancel := context.WithCancel(t.Context())
 		px.slots <- struct{}{}

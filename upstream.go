@@ -360,7 +360,13 @@ func (u *upstream) stepReadiness(res checkResult) bool {
 func (p *pool) reportDial(u *upstream, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.applyLocked(u, err) {
+	changed := p.applyLocked(u, err)
+	// Failed dials that make u unhealthy reset its readiness as failed
+	// checks would.
+	if p.cfg.readyz && p.applyReadyLocked(u, checkResult{err: err}) {
+		changed = true
+	}
+	if changed {
 		p.publishLocked()
 	}
 	if u.healthy {

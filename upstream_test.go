@@ -811,6 +811,38 @@ func TestPendingUpstreamKeepsConnections(t *testing.T) {
 	})
 }
 
+// Client dials that make a ready upstream unhealthy reset its readiness
+// as failed checks would, so upstream_ready and health_check_status agree.
+func TestFailedDialsResetReadiness(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newReadyzPool(defaultTestPool)
+		defer tp.close()
+		const a = "10.0.0.1:6443"
+		tp.update([]string{a})
+		synctest.Wait()
+		u := tp.upstream(a)
+		// The check a failed dial asks for hangs, so only the dials decide.
+		tp.checks.mu.Lock()
+		tp.checks.block[a] = true
+		tp.checks.mu.Unlock()
+		tp.reportDial(u, errCheck)
+		if got := tp.readyGauge(a); got != 1 {
+			t.Fatalf("after one failed dial: upstream_ready got %v; want 1", got)
+		}
+		tp.reportDial(u, errCheck)
+		synctest.Wait()
+		tp.mu.Lock()
+		healthy, ready, pending := u.healthy, u.ready, u.readyPending
+		tp.mu.Unlock()
+		if healthy || ready || !pending {
+			t.Errorf("after two failed dials: healthy=%v ready=%v pending=%v; want unhealthy, not ready, pending", healthy, ready, pending)
+		}
+		if got := tp.readyGauge(a); got != 0 {
+			t.Errorf("after two failed dials: upstream_ready got %v; want 0", got)
+		}
+	})
+}
+
 // TestOneFailedCheckKeepsEvictionGoing: a single failed connect of the
 // only ready upstream neither makes it unready nor calls off the closing
 // of an unready upstream's connections, which would otherwise restart with
