@@ -211,8 +211,8 @@ func printUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w)
 	fs.VisitAll(func(f *flag.Flag) { fmt.Fprintln(w, usageLine(f)) })
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "       %s status [--health-address host:port] [--json]\n", fs.Name())
-	fmt.Fprintln(w, "prints the upstream table of a running daemon from its /upstreams endpoint.")
+	fmt.Fprintf(w, "Usage: %s status [--health-address host:port] [--json]\n\n", fs.Name())
+	fmt.Fprintln(w, "Prints the upstream table of a running daemon, from its /upstreams endpoint.")
 }
 
 // usageLine describes flag f in one line, for example

@@ -231,6 +231,9 @@ func TestRunHelpAndVersionExitCleanly(t *testing.T) {
 		if out.Len() == 0 {
 			t.Errorf("run %s printed nothing", arg)
 		}
+		if arg == "--help" && !strings.Contains(out.String(), "Usage: extractedprism status") {
+			t.Errorf("--help does not mention the status command:\n%s", out.String())
+		}
 	}
 }
 
