@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,7 +46,7 @@ func startMain(t *testing.T, args ...string) *mainChild {
 		proxyAddr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(bindPort)),
 		healthAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(healthPort)),
 	}
-	mc.cmd = exec.CommandContext(ctx, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
+	mc.cmd = exec.CommandContext(ctx, os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.v")
 	mc.cmd.Env = append(os.Environ(), mainArgsEnv+"="+strings.Join(args, "\n"))
 	mc.cmd.Stdout = &mc.stdout
 	logs, err := mc.cmd.StderrPipe()

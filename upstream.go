@@ -54,9 +54,9 @@ type upstream struct {
 	recheck chan struct{}
 
 	// Readiness, with --health-check=readyz only. readyPending is set for a
-	// new upstream and for one made unreachable by failed TCP checks: not
-	// ready until the next probe passes, and its connections are not moved
-	// meanwhile.
+	// new upstream and for one made unhealthy by failed connects (checks
+	// or client dials): not ready until the next probe passes, and its
+	// connections are not moved meanwhile.
 	ready        bool
 	readyPending bool
 	readyKnown   bool // a probe has run: upstream_ready is exported
@@ -285,10 +285,7 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 		u.rtt = nextRTT(u.rtt, u.hasRTT, res.rtt)
 		u.hasRTT = true
 	}
-	changed := p.applyLocked(u, res.err)
-	if p.cfg.readyz && p.applyReadyLocked(u, res) {
-		changed = true
-	}
+	changed := p.applyResultLocked(u, res)
 	// A new sample may move tiers and the hedge delay, so every success
 	// publishes too.
 	if changed || res.err == nil {
@@ -298,6 +295,16 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 		return u.healthy
 	}
 	return p.cfg.readyz && res.notReady != nil && u.ready
+}
+
+// applyResultLocked moves u's health and, with readyz, its readiness by one
+// check or dial result, and reports whether either changed.
+func (p *pool) applyResultLocked(u *upstream, res checkResult) bool {
+	changed := p.applyLocked(u, res.err)
+	if p.cfg.readyz && p.applyReadyLocked(u, res) {
+		changed = true
+	}
+	return changed
 }
 
 // applyReadyLocked moves u's readiness by one check result and reports
@@ -360,13 +367,8 @@ func (u *upstream) stepReadiness(res checkResult) bool {
 func (p *pool) reportDial(u *upstream, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	changed := p.applyLocked(u, err)
-	// Failed dials that make u unhealthy reset its readiness as failed
-	// checks would.
-	if p.cfg.readyz && p.applyReadyLocked(u, checkResult{err: err}) {
-		changed = true
-	}
-	if changed {
+	// A failed dial counts as a failed connect, for readiness too.
+	if p.applyResultLocked(u, checkResult{err: err}) {
 		p.publishLocked()
 	}
 	if u.healthy {
