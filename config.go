@@ -73,24 +73,20 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*con
 	cfg := &config{}
 	fs := newFlagSet(cfg)
 	showVersion := fs.Bool(versionFlag, false, "Print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			printUsage(out, fs)
-		}
-		return nil, argError(fs, err)
+	set, argErr := parseArgs(fs, args)
+	if errors.Is(argErr, flag.ErrHelp) {
+		printUsage(out, fs)
+		return nil, flag.ErrHelp
 	}
-	if fs.NArg() > 0 {
+	if argErr == nil && fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q: every setting is a flag", fs.Arg(0))
 	}
-	if *showVersion {
+	if argErr == nil && *showVersion {
 		version, revision := versionInfo()
 		fmt.Fprintf(out, "extractedprism %s (revision %s)\n", version, revision)
 		return nil, errVersionShown
 	}
-
-	set := make(map[string]bool)
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if err := applyEnv(fs, getenv, set); err != nil {
+	if err := errors.Join(argErr, applyEnv(fs, getenv, set)); err != nil {
 		return nil, err
 	}
 	if !set["health-bind-address"] {
@@ -159,6 +155,36 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, set map[string]bool)
 	return errors.Join(errs...)
 }
 
+// parseArgs parses the command line into fs and returns the names of the
+// flags it gives, counting those whose value did not parse, so that their
+// variables are not read instead. It goes on past a value that does not
+// parse, so that every such value is reported at once, but not past an
+// unknown flag, after which the rest may not be what it seems.
+func parseArgs(fs *flag.FlagSet, args []string) (map[string]bool, error) {
+	set := make(map[string]bool)
+	var errs []error
+	for {
+		err := fs.Parse(args)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		name, aerr := argError(fs, err)
+		errs = append(errs, aerr)
+		if name != "" {
+			set[name] = true
+		}
+		if name == "" || len(fs.Args()) >= len(args) {
+			break
+		}
+		args = fs.Args()
+	}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set, errors.Join(errs...)
+}
+
 // badArgValue matches the flag package's error for a value on the command
 // line that the flag does not take.
 var badArgValue = regexp.MustCompile(`^invalid (?:boolean )?value (".*") for (?:flag )?-([a-z-]+): `)
@@ -166,21 +192,22 @@ var badArgValue = regexp.MustCompile(`^invalid (?:boolean )?value (".*") for (?:
 // argError rewrites the flag package's error for a bad value on the
 // command line ("invalid value "x" for flag -bind-port: parse error") to
 // name the flag and its variable and the kind of value wanted, as the
-// errors about EP_ variables do. Other errors pass unchanged.
-func argError(fs *flag.FlagSet, err error) error {
+// errors about EP_ variables do, and returns the flag's name with it.
+// Other errors pass unchanged, with no name.
+func argError(fs *flag.FlagSet, err error) (string, error) {
 	if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
-		return fmt.Errorf("unknown flag --%s (--help lists the flags)", name)
+		return "", fmt.Errorf("unknown flag --%s (--help lists the flags)", name)
 	}
 	m := badArgValue.FindStringSubmatch(err.Error())
 	if m == nil {
-		return err
+		return "", err
 	}
 	value, uerr := strconv.Unquote(m[1])
 	f := fs.Lookup(m[2])
 	if uerr != nil || f == nil || f.Name == versionFlag {
-		return err
+		return "", err
 	}
-	return fmt.Errorf("%s: invalid %s %q", flagRef(f.Name), valueKind(f), value)
+	return f.Name, fmt.Errorf("%s: invalid %s %q", flagRef(f.Name), valueKind(f), value)
 }
 
 // envName is the variable that sets the flag name: EP_ and the name in upper

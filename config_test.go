@@ -717,3 +717,26 @@ func TestParseConfigVersionHasNoVariable(t *testing.T) {
 		t.Errorf("output: got %q; want nothing", out.String())
 	}
 }
+
+// Every value that does not parse is reported at once, on the command line
+// and in EP_ variables, not one per run. A flag whose value did not parse
+// still hides its variable, and parsing stops at an unknown flag, after
+// which the rest of the line may not be what it seems.
+func TestParseConfigReportsEveryBadValue(t *testing.T) {
+	env := envOf(map[string]string{"EP_HEALTH_PORT": "http", "EP_BIND_PORT": "also-bad"})
+	args := []string{"--bind-port=seven", "--endpoints=" + testEndpoint, "--health-interval", "abc", "--drain-timeout=1s"}
+	_, err := parseConfig(args, env, io.Discard)
+	want := `--bind-port (EP_BIND_PORT): invalid port "seven"` + "\n" +
+		`--health-interval (EP_HEALTH_INTERVAL): invalid duration "abc"` + "\n" +
+		`EP_HEALTH_PORT (--health-port): invalid port "http"`
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v; want\n%s", err, want)
+	}
+
+	args = []string{"--bind-port=seven", "--no-such-flag", "--health-interval=abc"}
+	_, err = parseConfig(args, envOf(nil), io.Discard)
+	want = `--bind-port (EP_BIND_PORT): invalid port "seven"` + "\n" + "unknown flag --no-such-flag (--help lists the flags)"
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v; want\n%s", err, want)
+	}
+}

@@ -954,7 +954,7 @@ func (c *endpointCache) store(endpoints []string) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write endpoint cache: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), c.path); err != nil { //nolint:gosec // the operator names this file
+	if err := os.Rename(tmp.Name(), c.path); err != nil {
 		return fmt.Errorf("replace endpoint cache: %w", err)
 	}
 	return syncDir(dir)
