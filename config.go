@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // The values of --upstream-selection and --health-check.
@@ -333,6 +334,7 @@ func (c *config) validate() error { //nolint:cyclop,gocognit // every cross-fiel
 		errs = append(errs, err)
 	} else {
 		c.Endpoints = endpoints
+		errs = append(errs, c.checkOwnListener())
 	}
 	if c.BindPort < 1 || c.BindPort > 65535 {
 		errs = append(errs, flagError("bind-port", "must be in 1-65535: got %d", c.BindPort))
@@ -433,6 +435,87 @@ func flagError(name, format string, args ...any) error {
 	return fmt.Errorf("%s %s", flagRef(name), fmt.Sprintf(format, args...))
 }
 
+// checkOwnListener refuses --endpoints entries that are the proxy's own
+// listener, when --bind-address is an IP address or localhost: the
+// daemon drops such entries from every source (see withoutOwnListener),
+// and a static one is a configuration error better reported at once.
+func (c *config) checkOwnListener() error {
+	var listens []string
+	port := strconv.Itoa(c.BindPort)
+	if strings.EqualFold(c.BindAddress, "localhost") {
+		listens = []string{net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port)}
+	} else if _, err := netip.ParseAddr(c.BindAddress); err == nil {
+		listens = []string{net.JoinHostPort(c.BindAddress, port)}
+	}
+	local := localAddrs()
+	var own []string
+	for _, e := range c.Endpoints {
+		if slices.ContainsFunc(listens, func(l string) bool { return ownListener(e, l, local) }) {
+			own = append(own, e)
+		}
+	}
+	if len(own) == 0 {
+		return nil
+	}
+	return flagError("endpoints", "must not name this proxy's own listener (%s, %s), which would make it its own upstream: %s",
+		flagRef("bind-address"), flagRef("bind-port"), strings.Join(own, ", "))
+}
+
+// ownListener reports whether dialling endpoint would reach the listener at
+// listen (an IP:port), making the proxy its own upstream: a loop that takes
+// a connection slot at every hop until none is left. local are the
+// addresses of this node's interfaces, which a wildcard listener answers
+// on as well. A hostname other than localhost is not resolved, and is never
+// reported.
+func ownListener(endpoint, listen string, local []netip.Addr) bool {
+	l, err := netip.ParseAddrPort(listen)
+	if err != nil {
+		return false
+	}
+	host, port, err := net.SplitHostPort(endpoint)
+	if err != nil || port != strconv.Itoa(int(l.Port())) {
+		return false
+	}
+	var ips []netip.Addr
+	if strings.EqualFold(host, "localhost") {
+		ips = []netip.Addr{netip.IPv6Loopback(), netip.AddrFrom4([4]byte{127, 0, 0, 1})}
+	} else if ip, err := netip.ParseAddr(host); err == nil {
+		ips = []netip.Addr{ip.Unmap()}
+	}
+	return slices.ContainsFunc(ips, func(ip netip.Addr) bool { return reaches(ip, l.Addr().Unmap(), local) })
+}
+
+// reaches reports whether a connection to ip reaches a listener on listen,
+// the port being the same.
+func reaches(ip, listen netip.Addr, local []netip.Addr) bool {
+	switch {
+	case ip == listen:
+		return true
+	case ip.IsUnspecified():
+		// Linux connects a dial to 0.0.0.0 or :: to this host.
+		return listen.IsLoopback() || listen.IsUnspecified() || slices.Contains(local, listen)
+	case listen.IsUnspecified():
+		return ip.IsLoopback() || slices.Contains(local, ip)
+	}
+	return false
+}
+
+// localAddrs returns the addresses of this node's network interfaces, none
+// if they cannot be listed.
+func localAddrs() []netip.Addr {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var ips []netip.Addr
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			ips = append(ips, p.Addr().Unmap())
+		}
+	}
+	return ips
+}
+
 // normalizeEndpoints checks the --endpoints entries and returns them
 // normalized, each once in the order first given, or one error listing
 // every bad entry.
@@ -473,9 +556,31 @@ func normalizeEndpoint(s string) (string, error) {
 		return net.JoinHostPort(addr.Unmap().String(), strconv.FormatUint(port, 10)), nil
 	}
 	if !validHostname(host) {
-		return "", fmt.Errorf("endpoint %q: host %q is not an IP address or RFC 1123 hostname", s, host)
+		return "", fmt.Errorf("endpoint %s: host %s is not an IP address or RFC 1123 hostname", quoteShort(s), quoteShort(host))
 	}
 	return net.JoinHostPort(strings.ToLower(host), strconv.FormatUint(port, 10)), nil
+}
+
+// quoteShort quotes s for an error message, cut to its first 64 bytes
+// (see cutText), so that a huge bad value, from a file or a variable, does
+// not make a huge log line.
+func quoteShort(s string) string {
+	const limit = 64
+	if len(s) <= limit {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(cutText(s, limit)) + "..."
+}
+
+// cutText returns s cut to at most n bytes, at a character boundary.
+func cutText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // splitEndpoint splits s into a non-empty host and a port in 1-65535, with
@@ -487,19 +592,19 @@ func splitEndpoint(s string) (host string, port uint64, err error) {
 	host, portText, err := net.SplitHostPort(s)
 	if err != nil {
 		if addr, parseErr := netip.ParseAddr(s); parseErr == nil && addr.Is6() {
-			return "", 0, fmt.Errorf("endpoint %q: an IPv6 address needs brackets and a port, as in [fd00::1]:6443", s)
+			return "", 0, fmt.Errorf("endpoint %s: an IPv6 address needs brackets and a port, as in [fd00::1]:6443", quoteShort(s))
 		}
 		if strings.Contains(s, "://") {
-			return "", 0, fmt.Errorf("endpoint %q: want host:port without a scheme", s)
+			return "", 0, fmt.Errorf("endpoint %s: want host:port without a scheme", quoteShort(s))
 		}
-		return "", 0, fmt.Errorf("endpoint %q: want host:port", s)
+		return "", 0, fmt.Errorf("endpoint %s: want host:port", quoteShort(s))
 	}
 	if host == "" {
-		return "", 0, fmt.Errorf("endpoint %q: empty host", s)
+		return "", 0, fmt.Errorf("endpoint %s: empty host", quoteShort(s))
 	}
 	port, err = strconv.ParseUint(portText, 10, 16)
 	if err != nil || port == 0 {
-		return "", 0, fmt.Errorf("endpoint %q: port must be a number in 1-65535, got %q", s, portText)
+		return "", 0, fmt.Errorf("endpoint %s: port must be a number in 1-65535, got %s", quoteShort(s), quoteShort(portText))
 	}
 	return host, port, nil
 }
@@ -618,12 +723,24 @@ func newLogger(level slog.Level, w io.Writer) *slog.Logger {
 	}))
 }
 
+// maxLogError bounds the text of an error in a log line. Errors carry text
+// from peers, such as the names in an upstream's certificate, which can run
+// to tens of kilobytes.
+const maxLogError = 2 << 10
+
 // nameLevel is a slog.HandlerOptions.ReplaceAttr that prints the levels
-// above Error by name ("FATAL") instead of as an offset ("ERROR+6"), and
-// durations as text ("30s"), where JSON would have nanoseconds.
+// above Error by name ("FATAL") instead of as an offset ("ERROR+6"),
+// durations as text ("30s"), where JSON would have nanoseconds, and errors
+// cut to maxLogError bytes.
 func nameLevel(groups []string, a slog.Attr) slog.Attr {
 	if a.Value.Kind() == slog.KindDuration {
 		a.Value = slog.StringValue(a.Value.Duration().String())
+		return a
+	}
+	if err, ok := a.Value.Any().(error); ok && a.Value.Kind() == slog.KindAny {
+		if text := err.Error(); len(text) > maxLogError {
+			a.Value = slog.StringValue(cutText(text, maxLogError) + "...")
+		}
 		return a
 	}
 	if len(groups) > 0 || a.Key != slog.LevelKey {

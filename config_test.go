@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
@@ -738,5 +739,72 @@ func TestParseConfigReportsEveryBadValue(t *testing.T) {
 	want = `--bind-port (EP_BIND_PORT): invalid port "seven"` + "\n" + "unknown flag --no-such-flag (--help lists the flags)"
 	if err == nil || err.Error() != want {
 		t.Errorf("got %v; want\n%s", err, want)
+	}
+}
+
+func TestOwnListener(t *testing.T) {
+	local := []netip.Addr{netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("fd00::5")}
+	tests := []struct {
+		endpoint, listen string
+		want             bool
+	}{
+		{"127.0.0.1:7445", "127.0.0.1:7445", true},
+		{"127.0.0.1:7446", "127.0.0.1:7445", false},
+		{"127.0.0.2:7445", "127.0.0.1:7445", false}, // refused, not a loop
+		{"0.0.0.0:7445", "127.0.0.1:7445", true},    // Linux dials 0.0.0.0 as this host
+		{"localhost:7445", "127.0.0.1:7445", true},
+		{"LOCALHOST:7445", "[::1]:7445", true},
+		{"[::ffff:127.0.0.1]:7445", "127.0.0.1:7445", true},
+		{"[::1]:7445", "[::]:7445", true},
+		{"127.0.0.1:7445", "0.0.0.0:7445", true},
+		{"10.1.2.3:7445", "0.0.0.0:7445", true}, // a wildcard listener answers on every interface
+		{"[fd00::5]:7445", "[::]:7445", true},
+		{"10.1.2.4:7445", "0.0.0.0:7445", false},
+		{"10.1.2.3:7445", "10.1.2.3:7445", true},
+		{"10.1.2.3:7445", "127.0.0.1:7445", false},
+		{"0.0.0.0:7445", "10.1.2.3:7445", true},
+		{"api.example.com:7445", "0.0.0.0:7445", false}, // not resolved
+		{"10.0.0.1:6443", "not an address", false},
+	}
+	for _, tt := range tests {
+		if got := ownListener(tt.endpoint, tt.listen, local); got != tt.want {
+			t.Errorf("ownListener(%q, %q) = %v; want %v", tt.endpoint, tt.listen, got, tt.want)
+		}
+	}
+}
+
+// An --endpoints entry that is the proxy's own listener is refused before
+// anything listens: the proxy would be its own upstream.
+func TestParseConfigRefusesOwnListener(t *testing.T) {
+	for _, args := range [][]string{
+		{"--endpoints=10.0.0.1:6443,127.0.0.1:7445"},
+		{"--endpoints=localhost:7445"},
+		{"--endpoints=[::1]:9000", "--bind-address=::", "--bind-port=9000", "--health-port=9001"},
+		{"--endpoints=127.0.0.1:9000", "--bind-address=localhost", "--bind-port=9000", "--health-port=9001"},
+	} {
+		_, err := parseConfig(args, envOf(nil), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "own listener") {
+			t.Errorf("%q: got %v; want the endpoint refused as the proxy's own listener", args, err)
+		}
+	}
+	if _, err := parseConfig([]string{"--endpoints=127.0.0.1:7445", "--bind-port=7000"}, envOf(nil), io.Discard); err != nil {
+		t.Errorf("an endpoint on another port of the same address: %v", err)
+	}
+}
+
+// A long error, such as one repeating an upstream certificate's names, is
+// cut in the log line.
+func TestLoggerCutsLongErrors(t *testing.T) {
+	var out bytes.Buffer
+	newLogger(slog.LevelInfo, &out).Warn("hello", "err", errors.New(strings.Repeat("n", 50<<10)), "short", errors.New("kept"))
+	var record map[string]any
+	if err := json.Unmarshal(out.Bytes(), &record); err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	if got, _ := record["err"].(string); len(got) != maxLogError+3 || !strings.HasSuffix(got, "...") {
+		t.Errorf("err of %d bytes; want %d ending in ...", len(got), maxLogError+3)
+	}
+	if record["short"] != "kept" {
+		t.Errorf("short error: got %v; want \"kept\"", record["short"])
 	}
 }

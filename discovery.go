@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"math/rand/v2"
@@ -588,6 +589,7 @@ type kubeWatcher struct {
 	resourceVersion string                                // where the next Watch starts
 	sent            []string                              // last list sent on out
 	hasSent         bool                                  // sent is valid; an empty list may be sent
+	rejected        []string                              // addresses endpointsOf last left out, as warned of
 	backoff         watchBackoff
 }
 
@@ -814,7 +816,13 @@ func (w *kubeWatcher) apply(ev watch.Event) bool {
 // one slice never loses the endpoints of another, and sends them if they
 // differ from the last list sent. It returns false once ctx is done.
 func (w *kubeWatcher) publish(ctx context.Context, out chan<- []string) bool {
-	endpoints := endpointsOf(w.cache)
+	endpoints, rejected := endpointsOf(w.cache)
+	if !slices.Equal(rejected, w.rejected) {
+		w.rejected = rejected
+		if len(rejected) > 0 {
+			w.log.Warn("ignoring discovered addresses that cannot be API servers", "count", len(rejected), "addresses", rejected[:min(len(rejected), 8)])
+		}
+	}
 	if w.hasSent && slices.Equal(endpoints, w.sent) {
 		return true
 	}
@@ -829,10 +837,11 @@ func (w *kubeWatcher) publish(ctx context.Context, out chan<- []string) bool {
 }
 
 // endpointsOf returns the sorted, deduplicated addresses of the ready
-// endpoints in the slices, each with its own slice's port. The result is
-// never nil.
-func endpointsOf(cache map[string]*discoveryv1.EndpointSlice) []string {
-	endpoints := []string{}
+// endpoints in the slices, each with its own slice's port, and the
+// addresses it left out as unusable (see unusableAddr) or over
+// maxDiscoveredEndpoints, each with the reason. The endpoints are never nil.
+func endpointsOf(cache map[string]*discoveryv1.EndpointSlice) (endpoints, rejected []string) {
+	endpoints = []string{}
 	for _, slice := range cache {
 		// FQDN slices do not name API server addresses.
 		if slice.AddressType != discoveryv1.AddressTypeIPv4 && slice.AddressType != discoveryv1.AddressTypeIPv6 {
@@ -845,22 +854,75 @@ func endpointsOf(cache map[string]*discoveryv1.EndpointSlice) []string {
 		for _, ep := range slice.Endpoints {
 			// Nil means unknown, which the EndpointSlice API says to
 			// treat as ready.
-			if ready := ep.Conditions.Ready; ready != nil && !*ready {
-				continue
-			}
-			for _, addr := range ep.Addresses {
-				ip, err := netip.ParseAddr(addr)
-				if err != nil {
-					continue
-				}
-				// Unmap ::ffff:a.b.c.d, so a server matches its static
-				// --endpoints spelling and is not listed twice.
-				endpoints = append(endpoints, net.JoinHostPort(ip.Unmap().String(), port))
+			if ready := ep.Conditions.Ready; ready == nil || *ready {
+				endpoints, rejected = addEndpoints(endpoints, rejected, ep.Addresses, port)
 			}
 		}
 	}
 	slices.Sort(endpoints)
-	return slices.Compact(endpoints)
+	endpoints = slices.Compact(endpoints)
+	if len(endpoints) > maxDiscoveredEndpoints {
+		for _, e := range endpoints[maxDiscoveredEndpoints:] {
+			rejected = append(rejected, e+" (over the limit of "+strconv.Itoa(maxDiscoveredEndpoints)+")")
+		}
+		endpoints = endpoints[:maxDiscoveredEndpoints]
+	}
+	slices.Sort(rejected)
+	return endpoints, slices.Compact(rejected)
+}
+
+// addEndpoints appends the usable addresses among addrs, with port, to
+// endpoints, and the unusable ones to rejected with the reason; it skips
+// what is not an IP address.
+func addEndpoints(endpoints, rejected, addrs []string, port string) ([]string, []string) {
+	for _, addr := range addrs {
+		ip, err := netip.ParseAddr(addr)
+		if err != nil {
+			continue
+		}
+		// Unmap ::ffff:a.b.c.d, so a server matches its static
+		// --endpoints spelling and is not listed twice.
+		ip = ip.Unmap()
+		if why := unusableAddr(ip); why != "" {
+			rejected = append(rejected, fmt.Sprintf("%s (%s)", net.JoinHostPort(ip.String(), port), why))
+			continue
+		}
+		endpoints = append(endpoints, net.JoinHostPort(ip.String(), port))
+	}
+	return endpoints, rejected
+}
+
+// maxDiscoveredEndpoints bounds the upstreams taken from discovery or the
+// endpoint cache. A control plane has a handful of API servers; each
+// upstream costs a probe goroutine, its metric series and a health check
+// every --health-interval, so a slice listing thousands of addresses must
+// not make thousands of them.
+const maxDiscoveredEndpoints = 64
+
+// unusableAddr says why ip cannot be an API server address learnt from
+// discovery or the endpoint cache, or returns "" if it can be: the
+// unspecified, link-local and multicast addresses (kube-apiserver refuses
+// unspecified, link-local and link-local multicast ones in an
+// EndpointSlice itself), the IPv4 broadcast address, and addresses with an
+// IPv6 zone, which only name a link of this node. Static --endpoints are
+// the operator's own and are not checked. Loopback addresses pass (a
+// control-plane node's own API server answers there), except this proxy's
+// own listener, which the daemon drops from every source (see
+// withoutOwnListener).
+func unusableAddr(ip netip.Addr) string {
+	switch {
+	case ip.IsUnspecified():
+		return "unspecified address"
+	case ip.IsLinkLocalUnicast():
+		return "link-local address"
+	case ip.IsMulticast():
+		return "multicast address"
+	case ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "broadcast address"
+	case ip.Zone() != "":
+		return "address with an IPv6 zone"
+	}
+	return ""
 }
 
 // slicePort returns the slice's API server port: the port named "https", or
@@ -904,7 +966,7 @@ const cacheVersion = 1
 
 // load reads and validates the cache. A missing file is not an error.
 func (c *endpointCache) load() ([]string, error) {
-	b, err := os.ReadFile(c.path)
+	b, err := readAtMost(c.path, maxCacheBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -918,15 +980,59 @@ func (c *endpointCache) load() ([]string, error) {
 	if f.Version != cacheVersion {
 		return nil, fmt.Errorf("endpoint cache %s: version %d, want %d", c.path, f.Version, cacheVersion)
 	}
+	if len(f.Endpoints) > maxDiscoveredEndpoints {
+		return nil, fmt.Errorf("endpoint cache %s: %d endpoints, more than discovery ever keeps (%d)", c.path, len(f.Endpoints), maxDiscoveredEndpoints)
+	}
 	eps := make([]string, 0, len(f.Endpoints))
 	for _, e := range f.Endpoints {
-		n, err := normalizeEndpoint(e)
+		n, err := cachedEndpoint(e)
 		if err != nil {
 			return nil, fmt.Errorf("endpoint cache %s: %w", c.path, err)
 		}
 		eps = append(eps, n)
 	}
 	return eps, nil
+}
+
+// maxCacheBytes bounds the endpoint cache file: maxDiscoveredEndpoints
+// entries take a few KiB.
+const maxCacheBytes = 64 << 10
+
+// readAtMost reads the file at path, failing if it is larger than limit.
+func readAtMost(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path) //nolint:gosec // the operator names this file
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return b, nil
+}
+
+// cachedEndpoint checks one endpoint read from the cache and returns it
+// normalized. The cache holds only what discovery found, so anything
+// discovery would not have kept is refused: a hostname, or an address
+// unusableAddr refuses.
+func cachedEndpoint(e string) (string, error) {
+	n, err := normalizeEndpoint(e)
+	if err != nil {
+		return "", err
+	}
+	host, _, _ := net.SplitHostPort(n)
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return "", fmt.Errorf("endpoint %s: a hostname, which discovery never yields", quoteShort(e))
+	}
+	if why := unusableAddr(ip); why != "" {
+		return "", fmt.Errorf("endpoint %s: %s, which discovery never yields", quoteShort(e), why)
+	}
+	return n, nil
 }
 
 // store writes endpoints atomically: a temporary file in the same directory,

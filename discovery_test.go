@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -182,7 +183,7 @@ func TestEndpointsOf(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := endpointsOf(sliceCache(tc.slices...))
+			got, _ := endpointsOf(sliceCache(tc.slices...))
 			if got == nil || !slices.Equal(got, tc.want) {
 				t.Errorf("got %#v; want %#v", got, tc.want)
 			}
@@ -1246,6 +1247,12 @@ func TestEndpointCacheCorruptionIgnored(t *testing.T) {
 		{"wrong version", `{"version":99,"endpoints":["10.0.0.1:6443"]}`},
 		{"invalid endpoint", `{"version":1,"endpoints":["10.0.0.1:99999"]}`},
 		{"empty file", ""},
+		// What discovery never yields: the cache holds only its results.
+		{"metadata address", `{"version":1,"endpoints":["169.254.169.254:80"]}`},
+		{"unspecified address", `{"version":1,"endpoints":["0.0.0.0:22"]}`},
+		{"hostname", `{"version":1,"endpoints":["api.example.com:6443"]}`},
+		{"more endpoints than discovery keeps", `{"version":1,"endpoints":[` + strings.Repeat(`"10.0.0.1:6443",`, maxDiscoveredEndpoints) + `"10.0.0.2:6443"]}`},
+		{"larger than the cache can be", `{"version":1,"endpoints":["10.0.0.1:6443"],"pad":"` + strings.Repeat("x", maxCacheBytes) + `"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1343,4 +1350,84 @@ func (f fakeSlices) List(ctx context.Context, ns string, opts metav1.ListOptions
 
 func (f fakeSlices) Watch(ctx context.Context, ns string, opts metav1.ListOptions) (watch.Interface, error) {
 	return f.c.DiscoveryV1().EndpointSlices(ns).Watch(ctx, opts)
+}
+
+// A huge bad entry in the cache makes an error of a bounded size, not a log
+// line as long as the entry.
+func TestEndpointCacheErrorIsShort(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "endpoints.json")
+	content := `{"version":1,"endpoints":["` + strings.Repeat("a", 40<<10) + `"]}`
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := &endpointCache{path: path, log: slog.New(slog.DiscardHandler)}
+	_, err := c.load()
+	if err == nil || len(err.Error()) > 400 {
+		t.Errorf("load: got an error of %d bytes; want one under 400: %.500v", len(fmt.Sprint(err)), err)
+	}
+}
+
+// Discovery keeps only addresses that can be an API server: not the
+// unspecified, link-local or multicast ones, which kube-apiserver itself
+// mostly refuses in an EndpointSlice (an older or relaxed server, or the
+// cache, could still hand them over), nor broadcast or zoned ones; and at
+// most maxDiscoveredEndpoints of them. What it leaves out is reported with
+// the reason. Loopback passes: the daemon drops only its own listener.
+func TestEndpointsOfRefusesUnusableAddresses(t *testing.T) {
+	v4 := kubeSlice("v4", "1", "10.0.0.1", "127.0.0.1", "0.0.0.0", "169.254.169.254", "224.0.0.1",
+		"239.1.1.1", "255.255.255.255", "::ffff:0.0.0.0")
+	v6 := kubeSlice("v6", "1", "fd00::1", "::", "::1", "fe80::1%eth0", "ff02::1", "fd00::2%eth0")
+	v6.AddressType = discoveryv1.AddressTypeIPv6
+	got, rejected := endpointsOf(sliceCache(v4, v6))
+	if want := []string{"10.0.0.1:6443", "127.0.0.1:6443", "[::1]:6443", "[fd00::1]:6443"}; !slices.Equal(got, want) {
+		t.Errorf("endpoints: got %q; want %q", got, want)
+	}
+	want := []string{
+		"0.0.0.0:6443 (unspecified address)",
+		"169.254.169.254:6443 (link-local address)", "224.0.0.1:6443 (multicast address)",
+		"239.1.1.1:6443 (multicast address)", "255.255.255.255:6443 (broadcast address)",
+		"[::]:6443 (unspecified address)",
+		"[fd00::2%eth0]:6443 (address with an IPv6 zone)", "[fe80::1%eth0]:6443 (link-local address)",
+		"[ff02::1]:6443 (multicast address)",
+	}
+	if !slices.Equal(rejected, want) {
+		t.Errorf("rejected:\n got %q\nwant %q", rejected, want)
+	}
+}
+
+func TestEndpointsOfKeepsAtMostTheLimit(t *testing.T) {
+	var addrs []string
+	for i := range maxDiscoveredEndpoints + 10 {
+		addrs = append(addrs, fmt.Sprintf("10.0.%d.%d", i/200, i%200+1))
+	}
+	got, rejected := endpointsOf(sliceCache(kubeSlice("big", "1", addrs...)))
+	if len(got) != maxDiscoveredEndpoints || len(rejected) != 10 {
+		t.Fatalf("got %d endpoints and %d rejected; want %d and 10", len(got), len(rejected), maxDiscoveredEndpoints)
+	}
+	if !strings.HasSuffix(rejected[0], fmt.Sprintf(" (over the limit of %d)", maxDiscoveredEndpoints)) {
+		t.Errorf("rejected[0] = %q; want the limit named", rejected[0])
+	}
+}
+
+// The watcher warns of left-out addresses once per change of them, not on
+// every event.
+func TestWatcherWarnsOfRejectedAddressesOnce(t *testing.T) {
+	logs := &syncBuffer{}
+	w := newKubeWatcher(nil, slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), func() float64 { return 0 })
+	w.cache = sliceCache(kubeSlice("kubernetes", "1", "10.0.0.1", "169.254.169.254"))
+	out := make(chan []string, 4)
+	for range 2 {
+		if !w.publish(t.Context(), out) {
+			t.Fatal("publish: got false")
+		}
+	}
+	if got := strings.Count(logs.String(), "ignoring discovered addresses"); got != 1 {
+		t.Errorf("warnings: got %d; want 1 in %q", got, logs.String())
+	}
+	if !strings.Contains(logs.String(), "169.254.169.254:6443 (link-local address)") {
+		t.Errorf("log %q lacks the rejected address and its reason", logs.String())
+	}
+	if eps := <-out; !slices.Equal(eps, []string{"10.0.0.1:6443"}) {
+		t.Errorf("published %q; want [10.0.0.1:6443]", eps)
+	}
 }

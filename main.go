@@ -137,6 +137,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -243,6 +244,12 @@ type daemon struct {
 	// seed is the endpoint list known before anything listens: the static
 	// endpoints and the cached ones.
 	seed []string
+	// limitBy says what sets the proxy's connection limit (maxConnections).
+	limitBy string
+	// listen is the proxy listener's address and local the addresses of
+	// the node's interfaces at start-up, for withoutOwnListener.
+	listen string
+	local  []netip.Addr
 	// released is when beat last returned freed memory to the kernel and
 	// how many connections had closed then; only the run loop uses it.
 	released memoryRelease
@@ -304,6 +311,7 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 		cache = &endpointCache{path: cfg.EndpointCacheFile, log: log.With("component", "cache")}
 	}
 	ps := providers(cfg, log, m, lbAddr, cache)
+	limit, limitBy := maxConnections(openFilesLimit(), memoryLimit())
 	seed := slices.Clone(cfg.Endpoints)
 	for _, p := range ps {
 		if cp, ok := p.(*cacheProvider); ok {
@@ -315,12 +323,35 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 		log:       log,
 		reg:       reg,
 		pool:      pl,
-		proxy:     newProxy(log.With("component", "proxy"), m, pl, cfg.HealthTimeout, connLimit(openFilesLimit())),
+		proxy:     newProxy(log.With("component", "proxy"), m, pl, cfg.HealthTimeout, limit),
+		limitBy:   limitBy,
 		heartbeat: newHeartbeat(cfg.LivenessThreshold),
 		discovery: newMergedProvider(log.With("component", "discovery"), m, ps...),
 		cache:     cache,
 		seed:      seed,
+		listen:    lbAddr,
+		local:     localAddrs(),
 	}
+}
+
+// withoutOwnListener returns eps without the endpoints that are this
+// proxy's own listener (see ownListener), warning of them. Static ones are
+// refused at start-up; these come from discovery or the endpoint cache.
+func (d *daemon) withoutOwnListener(eps []string) []string {
+	own := func(e string) bool { return ownListener(e, d.listen, d.local) }
+	if !slices.ContainsFunc(eps, own) {
+		return eps
+	}
+	var dropped, kept []string
+	for _, e := range eps {
+		if own(e) {
+			dropped = append(dropped, e)
+		} else {
+			kept = append(kept, e)
+		}
+	}
+	d.log.Warn("ignoring endpoints that are this proxy's own listener", "endpoints", dropped, "listen", d.listen)
+	return kept
 }
 
 // providers returns the static provider and, when enabled and credentials
@@ -382,7 +413,7 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	// The static and cached endpoints are known before anything listens:
 	// seed the pool with them so the first client never finds it empty.
 	// Discovery sends the same list again, which changes nothing.
-	d.pool.update(d.seed) //nolint:contextcheck // probes live as long as the pool, which run closes
+	d.pool.update(d.withoutOwnListener(d.seed)) //nolint:contextcheck // probes live as long as the pool, which run closes
 	updates := make(chan []string)
 	discDone := make(chan error, 1)
 	var healthErr error
@@ -412,8 +443,14 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 // wait in the listen backlog.
 func (d *daemon) logStart(listen, health string) {
 	limit := cap(d.proxy.slots)
-	d.log.Info("starting", "listen", listen, "health", health, "endpoints", d.cfg.Endpoints, "max_connections", limit)
-	if limit < fewConnections {
+	d.log.Info("starting", "listen", listen, "health", health, "endpoints", d.cfg.Endpoints,
+		"max_connections", limit, "limited_by", d.limitBy)
+	switch {
+	case limit >= fewConnections:
+	case d.limitBy == limitByMemory:
+		d.log.Warn("the memory limit allows few proxied connections; raise it (the container's memory limit)",
+			"max_connections", limit, "bytes_per_connection", memPerConn, "reserved_bytes", memReserve)
+	default:
 		d.log.Warn("the open-files limit allows few proxied connections; raise it (ulimit -n, LimitNOFILE)",
 			"max_connections", limit, "descriptors_per_connection", fdsPerConn, "reserved_descriptors", fdReserve)
 	}
@@ -436,6 +473,7 @@ func (d *daemon) loop(ctx context.Context, updates <-chan []string, discDone <-c
 		case <-summary.C:
 			d.logSummary()
 		case eps := <-updates:
+			eps = d.withoutOwnListener(eps)
 			d.log.Info("endpoint list updated", "endpoints", eps)
 			d.pool.update(eps) //nolint:contextcheck // probes live as long as the pool, which run closes
 			if d.cache != nil {

@@ -293,6 +293,7 @@ func TestLogStartWarnsOfFewConnections(t *testing.T) {
 		warn  bool
 	}{{fewConnections - 1, true}, {fewConnections, false}} {
 		d := beatDaemon(tt.limit)
+		d.limitBy = limitByFiles
 		logs := &syncBuffer{}
 		d.log = slog.New(slog.NewTextHandler(logs, nil))
 		d.logStart("127.0.0.1:7445", "127.0.0.1:7446")
@@ -303,6 +304,15 @@ func TestLogStartWarnsOfFewConnections(t *testing.T) {
 		if warned := strings.Contains(got, "level=WARN"); warned != tt.warn {
 			t.Errorf("limit %d: warned=%v; want %v:\n%s", tt.limit, warned, tt.warn, got)
 		}
+	}
+	// A limit the memory sets names the memory limit, not the files.
+	d := beatDaemon(fewConnections - 1)
+	d.limitBy = limitByMemory
+	logs := &syncBuffer{}
+	d.log = slog.New(slog.NewTextHandler(logs, nil))
+	d.logStart("127.0.0.1:7445", "127.0.0.1:7446")
+	if got := logs.String(); !strings.Contains(got, `limited_by=memory`) || !strings.Contains(got, "the memory limit allows few") {
+		t.Errorf("start-up log for a memory-set limit:\n%s", got)
 	}
 }
 
@@ -636,5 +646,38 @@ func TestProxyTracksPeakConnections(t *testing.T) {
 	}
 	if got := px.takePeak(); got != 1 {
 		t.Errorf("peak after one new connection = %d; want 1", got)
+	}
+}
+
+// An endpoint cache naming the proxy's own listener (written by someone
+// else, or left from another configuration) does not make the proxy its
+// own upstream: the entry is dropped with a warning, and the rest serves.
+func TestRunIgnoresOwnListenerInCache(t *testing.T) {
+	alive := startUpstream(t, echo)
+	ownPort := strconv.Itoa(freePort(t))
+	own := net.JoinHostPort("127.0.0.1", ownPort)
+	cachePath := t.TempDir() + "/endpoints.json"
+	c := &endpointCache{path: cachePath, log: slog.New(slog.DiscardHandler)}
+	if err := c.store([]string{own, alive.addr}); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, nil, "--endpoints", deadAddr(t), "--enable-discovery=true",
+		"--kubeconfig", uselessKubeconfig(t), "--endpoint-cache-file", cachePath, "--bind-port", ownPort)
+	for i := range 10 {
+		conn, err := net.DialTimeout("tcp", own, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = roundTrip(conn, []byte("not through a loop"))
+		conn.Close()
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+	}
+	if _, body := httpGet(d.healthBase + "/upstreams"); strings.Contains(body, own) {
+		t.Errorf("/upstreams lists the proxy's own listener %s:\n%s", own, body)
+	}
+	if !strings.Contains(d.logs.String(), "ignoring endpoints that are this proxy's own listener") {
+		t.Error("no warning about the dropped endpoint")
 	}
 }

@@ -123,7 +123,7 @@ func (m *metrics) addBeyondSpec() {
 	})
 	m.connLimit = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: metricNamespace, Name: "connection_limit",
-		Help: "Most client connections proxied at once, from the open-files limit; beyond it new clients wait in the listen backlog.",
+		Help: "Most client connections proxied at once, from the open-files limit and the cgroup's memory limit; beyond it new clients wait in the listen backlog.",
 	})
 	m.dialSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: metricNamespace, Name: "upstream_dial_duration_seconds",

@@ -40,6 +40,15 @@ const (
 	// hold every other descriptor.
 	fdReserve = 256
 
+	// memPerConn is what the memory bound counts per proxied connection,
+	// about four times what an idle one takes (8-9 KiB of the process's
+	// memory and a few KiB of socket memory, both charged to its cgroup),
+	// leaving room for the buffers and larger stacks of connections moving
+	// bytes; memReserve is kept for the rest of the daemon, which idles at
+	// about 16 MiB.
+	memPerConn = 32 << 10
+	memReserve = 32 << 20
+
 	localRetryDelay  = 10 * time.Millisecond
 	acceptProbe      = 10 * time.Millisecond
 	acceptBackoffMin = 5 * time.Millisecond
@@ -201,6 +210,37 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 func listenTCP(ctx context.Context, addr string) (net.Listener, error) {
 	lc := listenConfig(net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9})
 	return lc.Listen(ctx, "tcp", addr) // an error names the address
+}
+
+// maxConnections returns the bound on proxied connections and what sets
+// it: the open-files limit (see connLimit) or, where it is lower, the
+// memory limit of the process's cgroup (see memConnLimit). Without the
+// latter, a local process opening connections until the daemon's memory
+// ran out would get it killed, and every proxied connection with it.
+func maxConnections(nofile, memory uint64) (int, string) {
+	limit := connLimit(nofile)
+	if m := memConnLimit(memory); m > 0 && m < limit {
+		return m, limitByMemory
+	}
+	return limit, limitByFiles
+}
+
+// What sets the connection limit, as start-up logs it.
+const (
+	limitByFiles  = "open files"
+	limitByMemory = "memory"
+)
+
+// memConnLimit derives the number of proxied connections from a memory
+// limit in bytes, keeping memReserve for everything else; 0 for no limit.
+func memConnLimit(memory uint64) int {
+	if memory == 0 {
+		return 0
+	}
+	if memory <= memReserve+memPerConn {
+		return 1
+	}
+	return int(min((memory-memReserve)/memPerConn, 1<<20))
 }
 
 // connLimit derives the number of proxied connections from the open-files

@@ -980,3 +980,22 @@ func TestConnectionLimitIsLogged(t *testing.T) {
 		}
 	})
 }
+
+func TestMaxConnections(t *testing.T) {
+	tests := []struct {
+		nofile, memory uint64
+		want           int
+		by             string
+	}{
+		{1 << 20, 0, (1<<20 - fdReserve) / fdsPerConn, limitByFiles},             // no memory limit
+		{1 << 20, 128 << 20, (128<<20 - memReserve) / memPerConn, limitByMemory}, // the chart's 128Mi
+		{1024, 128 << 20, (1024 - fdReserve) / fdsPerConn, limitByFiles},
+		{1 << 20, memReserve, 1, limitByMemory},
+		{1 << 20, 1 << 40, (1<<20 - fdReserve) / fdsPerConn, limitByFiles},
+	}
+	for _, tt := range tests {
+		if got, by := maxConnections(tt.nofile, tt.memory); got != tt.want || by != tt.by {
+			t.Errorf("maxConnections(%d, %d): got %d by %s; want %d by %s", tt.nofile, tt.memory, got, by, tt.want, tt.by)
+		}
+	}
+}

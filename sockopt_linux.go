@@ -7,6 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -64,6 +68,64 @@ func listenConfig(ka net.KeepAliveConfig) net.ListenConfig {
 			return nil
 		},
 	}
+}
+
+// memoryLimit returns the memory limit of the process's cgroup in bytes, 0
+// if it has none or it cannot be read.
+func memoryLimit() uint64 { return cgroupMemoryLimit("/proc/self/cgroup", "/sys/fs/cgroup") }
+
+// cgroupMemoryLimit reads the memory limit of the cgroup that selfCgroup
+// (the format of /proc/self/cgroup) names, under the cgroup file system at
+// root: memory.max of cgroup v2, or memory.limit_in_bytes of v1's memory
+// controller. Each is looked for at the cgroup's own path and then at the
+// root of the mount, which is where a container with its own cgroup
+// namespace sees its cgroup. 0 means no limit or none found.
+func cgroupMemoryLimit(selfCgroup, root string) uint64 {
+	b, err := readAtMost(selfCgroup, 64<<10)
+	if err != nil {
+		return 0
+	}
+	var files []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		id, rest, _ := strings.Cut(line, ":")
+		controllers, path, ok := strings.Cut(rest, ":")
+		switch {
+		case !ok:
+		case id == "0" && controllers == "":
+			files = append(files, filepath.Join(root, path, "memory.max"), filepath.Join(root, "memory.max"))
+		case slices.Contains(strings.Split(controllers, ","), "memory"):
+			files = append(files, filepath.Join(root, "memory", path, "memory.limit_in_bytes"),
+				filepath.Join(root, "memory", "memory.limit_in_bytes"))
+		}
+	}
+	for _, f := range files {
+		if v, ok := readMemoryLimit(f); ok {
+			return v
+		}
+	}
+	return 0
+}
+
+// readMemoryLimit reads a cgroup memory limit file: "max", or a number of
+// bytes, which v1 sets near 2^63 for no limit. ok is false if the file
+// cannot be read or parsed.
+func readMemoryLimit(path string) (uint64, bool) {
+	b, err := readAtMost(path, 64)
+	if err != nil {
+		return 0, false
+	}
+	text := strings.TrimSpace(string(b))
+	if text == "max" {
+		return 0, true
+	}
+	v, err := strconv.ParseUint(text, 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	if v >= 1<<62 {
+		return 0, true
+	}
+	return v, true
 }
 
 // openFilesLimit returns the soft RLIMIT_NOFILE. Go raises it to the hard

@@ -16,6 +16,9 @@ func setUserTimeout(syscall.RawConn, time.Duration) error { return nil }
 // connections to the kernel.
 func stalledFor(net.Conn) time.Duration { return 0 }
 
+// memoryLimit is 0, no limit, where cgroups are not read.
+func memoryLimit() uint64 { return 0 }
+
 // openFilesLimit is a conservative guess where it is not read.
 func openFilesLimit() uint64 { return 1024 }
 

@@ -5,9 +5,12 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -725,7 +728,7 @@ func (p *pool) statusLocked(u *upstream, sources []string) upstreamStatus {
 	st.DrainDeadline = timePtr(u.draining && u.drainDone != nil, u.drainDeadline)
 	st.LastCheck = timePtr(!u.lastCheck.IsZero(), u.lastCheck)
 	if u.lastErr != nil {
-		st.LastError = u.lastErr.Error()
+		st.LastError = displayText(u.lastErr.Error())
 		st.LastErrorAt = timePtr(true, u.lastErrAt)
 	}
 	return st
@@ -737,4 +740,26 @@ func timePtr(set bool, t time.Time) *time.Time {
 	}
 	t = t.UTC()
 	return &t
+}
+
+// maxErrorText bounds the error text /upstreams shows for an upstream.
+const maxErrorText = 512
+
+// displayText returns s fit for /upstreams and the status table, which
+// prints it on a terminal: cut to maxErrorText bytes, and every character
+// that is not printable, such as a newline or a terminal's escape, replaced
+// by U+FFFD. An error's text can carry what a peer chose, such as the names
+// in its certificate.
+func displayText(s string) string {
+	cut := cutText(s, maxErrorText)
+	out := strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return utf8.RuneError
+	}, cut)
+	if len(cut) < len(s) {
+		out += "..."
+	}
+	return out
 }

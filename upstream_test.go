@@ -872,3 +872,30 @@ func TestOneFailedCheckKeepsEvictionGoing(t *testing.T) {
 		}
 	})
 }
+
+// An upstream's error text reaches /upstreams and the status table, which
+// prints on a terminal, cut short and with nothing that is not printable:
+// a peer chooses the names in its certificate, which a verification error
+// repeats.
+func TestUpstreamsShowErrorsSafely(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newTestPool(defaultTestPool)
+		defer tp.close()
+		const a = "10.0.0.1:6443"
+		tp.update([]string{a})
+		synctest.Wait()
+		hostile := errors.New("x509: certificate is valid for evil\n10.6.6.6:6443  static  healthy\x1b[31m " + strings.Repeat("n", 60<<10))
+		tp.reportDial(tp.upstream(a), hostile)
+		st := tp.describe(nil)
+		if len(st) != 1 {
+			t.Fatalf("describe: got %d upstreams; want 1", len(st))
+		}
+		got := st[0].LastError
+		if strings.ContainsAny(got, "\n\x1b") || len(got) > 3*maxErrorText+3 || !strings.HasSuffix(got, "...") {
+			t.Errorf("last error of %d bytes, %q...; want it cut to about %d bytes without control characters", len(got), cutText(got, 80), maxErrorText)
+		}
+		if !strings.HasPrefix(got, "x509: certificate is valid for evil\uFFFD10.6.6.6:6443") {
+			t.Errorf("last error %q...; want its start kept", cutText(got, 80))
+		}
+	})
+}
