@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -168,6 +169,25 @@ const (
 	healthMaxHeaderBytes = 8 << 10
 	// The spec gives in-flight health requests five seconds at shutdown.
 	healthShutdownTimeout = 5 * time.Second
+	// Each open connection costs the server about 19 KiB (a goroutine,
+	// its buffers and the socket). Unbounded, 7,000 idle keep-alive
+	// connections from one local process took 150 MB, past the pod's
+	// 128Mi, and the OOM kill dropped every proxied connection on the
+	// node. The kubelet and one or two Prometheus servers need a handful;
+	// the rest of the 64 is headroom, and 64 also fits in the descriptor
+	// reserve the proxy leaves (fdReserve).
+	healthMaxConns = 64
+	// At healthMaxConns, a connection that has not sent a request yet is
+	// not closed to make room before it has had this long to send one, and
+	// a new connection waits at most this long for room (see connLimiter).
+	// Honest clients send their request at once, but with 500 of them at
+	// once on a loaded machine the server took over 250 ms to read some
+	// (TestHostileManyConcurrentRequests under -race, where a grace of
+	// 250 ms closed a few). Only a client that keeps every slot filled
+	// with connections younger than this can make a probe wait for it.
+	healthConnGrace = time.Second
+	// Spaces the warnings about connections closed at healthMaxConns.
+	healthLimitLogEvery = time.Minute
 )
 
 // newHealthServer returns the health HTTP server for handler on addr, with
@@ -181,10 +201,191 @@ func newHealthServer(addr string, handler http.Handler, log *slog.Logger) *http.
 		WriteTimeout:      healthWriteTimeout,
 		IdleTimeout:       healthIdleTimeout,
 		MaxHeaderBytes:    healthMaxHeaderBytes,
+		ConnState:         newConnLimiter(healthMaxConns, log).track,
 		// net/http reports accept retries and handler panics here; without
 		// it they would bypass slog and go to the standard logger.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+}
+
+// connLimiter holds a server to max open connections; its track method is
+// the server's ConnState hook, so net/http reports every connection to it.
+//
+// When a new connection would exceed max, the one that has waited longest
+// without a request in progress is closed to make room: a client holding
+// idle keep-alive connections loses its own oldest ones, while a kubelet
+// probe, which opens a connection and sends its one request at once, gets
+// in. A connection that has not sent a request yet (StateNew) is spared for
+// its first grace, though: a burst of honest clients is accepted faster
+// than their requests are read, and closing the oldest of them would fail
+// clients that did nothing wrong. While no connection can be closed, the
+// accept loop waits for one to close or become idle, so further clients
+// queue in the listen backlog as the proxy's do; after grace the new
+// connection is closed instead, which happens only when every connection
+// is inside a handler.
+type connLimiter struct {
+	max   int
+	grace time.Duration
+	log   *slog.Logger
+
+	// freed wakes an admit waiting for room when a connection closes or
+	// becomes idle. It holds one token, so a wake-up is never lost; a stale
+	// one costs admit a second look.
+	freed chan struct{}
+
+	mu sync.Mutex // guards the fields below
+	// conns holds every connection the server has open, less those admit
+	// has closed: a closed connection stops counting at once, not when
+	// net/http gets round to reporting it closed.
+	conns map[net.Conn]connMark
+	// evicted counts the waiting connections closed to make room, refused
+	// the new ones closed because none could be, both since warned, when
+	// the last warning was logged (zero before the first).
+	evicted, refused int
+	warned           time.Time
+}
+
+// connMark is a connection's last state and when it entered it.
+type connMark struct {
+	state http.ConnState
+	since time.Time
+}
+
+// newConnLimiter returns a limiter for limit connections, with a grace of
+// healthConnGrace.
+func newConnLimiter(limit int, log *slog.Logger) *connLimiter {
+	return &connLimiter{
+		max: limit, grace: healthConnGrace, log: log,
+		freed: make(chan struct{}, 1),
+		conns: make(map[net.Conn]connMark, limit),
+	}
+}
+
+// track records c entering state. net/http calls it for StateNew from its
+// accept loop, which admit holds up for at most grace.
+func (l *connLimiter) track(c net.Conn, state http.ConnState) {
+	switch state {
+	case http.StateNew:
+		l.admit(c)
+		return
+	case http.StateActive, http.StateIdle:
+		now := time.Now()
+		l.mu.Lock()
+		// A connection admit closed may still finish reading a request
+		// already buffered; it must not come back.
+		if _, ok := l.conns[c]; ok {
+			l.conns[c] = connMark{state: state, since: now}
+		}
+		l.mu.Unlock()
+	case http.StateHijacked, http.StateClosed:
+		l.mu.Lock()
+		delete(l.conns, c)
+		l.mu.Unlock()
+	}
+	if state != http.StateActive {
+		select {
+		case l.freed <- struct{}{}:
+		default: // a wake-up is already pending
+		}
+	}
+}
+
+// admit adds the new connection c, first closing another to make room if
+// needed (see connLimiter), or closes c. It waits for room at most grace.
+// Closing and logging happen outside the lock, so a slow log cannot hold up
+// the hooks of other connections.
+func (l *connLimiter) admit(c net.Conn) {
+	deadline := time.Now().Add(l.grace)
+	for {
+		now := time.Now()
+		l.mu.Lock()
+		victim, retry := l.makeRoomLocked(c, now, deadline)
+		evicted, refused, warn := l.warningDueLocked(victim != nil, now)
+		l.mu.Unlock()
+		if retry > 0 {
+			l.awaitRoom(retry)
+			continue
+		}
+		if victim == nil {
+			return
+		}
+		l.log.Debug("health server connection closed at the connection limit", "client", victim.RemoteAddr().String())
+		_ = victim.Close() // the client loses the connection either way
+		if warn {
+			l.log.Warn("health server at its connection limit, closing connections",
+				"limit", l.max, "closed_waiting", evicted, "refused_new", refused)
+		}
+		return
+	}
+}
+
+// makeRoomLocked adds c if there is room or a connection can be closed to
+// make it, and returns the connection to close: nil if there was room, the
+// one closed to make it, or c itself once deadline has passed. Otherwise it
+// returns how long to wait before looking again. l.mu must be held.
+func (l *connLimiter) makeRoomLocked(c net.Conn, now, deadline time.Time) (victim net.Conn, retry time.Duration) {
+	if len(l.conns) >= l.max {
+		var spared time.Time
+		victim, spared = l.longestWaitingLocked(now)
+		switch {
+		case victim != nil:
+			delete(l.conns, victim)
+			l.evicted++
+		case !now.Before(deadline):
+			l.refused++
+			return c, 0
+		case spared.IsZero() || spared.After(deadline):
+			return nil, deadline.Sub(now)
+		default:
+			return nil, spared.Sub(now)
+		}
+	}
+	l.conns[c] = connMark{state: http.StateNew, since: now}
+	return victim, 0
+}
+
+// longestWaitingLocked returns the connection that has waited longest
+// without a request in progress: idle, or new for at least grace. If there
+// is none, spared is when the oldest new connection's grace ends, or zero
+// if there is no new connection. A linear scan: max is small and this runs
+// only at the limit. l.mu must be held.
+func (l *connLimiter) longestWaitingLocked(now time.Time) (oldest net.Conn, spared time.Time) {
+	var since time.Time
+	for c, m := range l.conns {
+		switch {
+		case m.state == http.StateActive:
+		case m.state == http.StateNew && now.Sub(m.since) < l.grace:
+			if end := m.since.Add(l.grace); spared.IsZero() || end.Before(spared) {
+				spared = end
+			}
+		case oldest == nil || m.since.Before(since):
+			oldest, since = c, m.since
+		}
+	}
+	return oldest, spared
+}
+
+// awaitRoom waits until a connection closes or becomes idle, or for d.
+func (l *connLimiter) awaitRoom(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-l.freed:
+	case <-t.C:
+	}
+}
+
+// warningDueLocked reports whether a connection closed at the limit now
+// warrants a warning, and if so takes the counts since the last one. The
+// first closing warns, later ones at most once per healthLimitLogEvery, so
+// a client hammering the limit cannot flood the log. l.mu must be held.
+func (l *connLimiter) warningDueLocked(closed bool, now time.Time) (evicted, refused int, due bool) {
+	if !closed || now.Sub(l.warned) < healthLimitLogEvery {
+		return 0, 0, false
+	}
+	evicted, refused = l.evicted, l.refused
+	l.evicted, l.refused, l.warned = 0, 0, now
+	return evicted, refused, true
 }
 
 // serveHealth serves srv on ln until ctx is done, then shuts srv down, giving
