@@ -74,7 +74,7 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*con
 	cfg := &config{}
 	fs := newFlagSet(cfg)
 	showVersion := fs.Bool(versionFlag, false, "Print the version and exit")
-	set, argErr := parseArgs(fs, args)
+	set, complete, argErr := parseArgs(fs, args)
 	if errors.Is(argErr, flag.ErrHelp) {
 		printUsage(out, fs)
 		return nil, flag.ErrHelp
@@ -86,6 +86,11 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*con
 		version, revision := versionInfo()
 		fmt.Fprintf(out, "extractedprism %s (revision %s)\n", version, revision)
 		return nil, errVersionShown
+	}
+	if !complete {
+		// The rest of the command line was not read, so which variables
+		// it overrides is not known.
+		return nil, argErr
 	}
 	if err := errors.Join(argErr, applyEnv(fs, getenv, set)); err != nil {
 		return nil, err
@@ -160,17 +165,19 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, set map[string]bool)
 // flags it gives, counting those whose value did not parse, so that their
 // variables are not read instead. It goes on past a value that does not
 // parse, so that every such value is reported at once, but not past an
-// unknown flag, after which the rest may not be what it seems.
-func parseArgs(fs *flag.FlagSet, args []string) (map[string]bool, error) {
-	set := make(map[string]bool)
+// unknown flag, after which the rest may not be what it seems; complete is
+// false when it stopped early.
+func parseArgs(fs *flag.FlagSet, args []string) (set map[string]bool, complete bool, err error) {
+	set = make(map[string]bool)
 	var errs []error
+	complete = true
 	for {
 		err := fs.Parse(args)
 		if err == nil {
 			break
 		}
 		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
+			return nil, false, err
 		}
 		name, aerr := argError(fs, err)
 		errs = append(errs, aerr)
@@ -178,12 +185,13 @@ func parseArgs(fs *flag.FlagSet, args []string) (map[string]bool, error) {
 			set[name] = true
 		}
 		if name == "" || len(fs.Args()) >= len(args) {
+			complete = false
 			break
 		}
 		args = fs.Args()
 	}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	return set, errors.Join(errs...)
+	return set, complete, errors.Join(errs...)
 }
 
 // badArgValue matches the flag package's error for a value on the command
@@ -457,8 +465,8 @@ func (c *config) checkOwnListener() error {
 	if len(own) == 0 {
 		return nil
 	}
-	return flagError("endpoints", "must not name this proxy's own listener (%s, %s), which would make it its own upstream: %s",
-		flagRef("bind-address"), flagRef("bind-port"), strings.Join(own, ", "))
+	return flagError("endpoints", "must not name this proxy's own listener %s (%s, %s), which would make it its own upstream: %s",
+		net.JoinHostPort(c.BindAddress, port), flagRef("bind-address"), flagRef("bind-port"), strings.Join(own, ", "))
 }
 
 // ownListener reports whether dialling endpoint would reach the listener at

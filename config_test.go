@@ -734,8 +734,10 @@ func TestParseConfigReportsEveryBadValue(t *testing.T) {
 		t.Errorf("got %v; want\n%s", err, want)
 	}
 
+	// After an unknown flag the variables are not read either: the rest
+	// of the line, unread, may set their flags.
 	args = []string{"--bind-port=seven", "--no-such-flag", "--health-interval=abc"}
-	_, err = parseConfig(args, envOf(nil), io.Discard)
+	_, err = parseConfig(args, envOf(map[string]string{"EP_HEALTH_PORT": "x"}), io.Discard)
 	want = `--bind-port (EP_BIND_PORT): invalid port "seven"` + "\n" + "unknown flag --no-such-flag (--help lists the flags)"
 	if err == nil || err.Error() != want {
 		t.Errorf("got %v; want\n%s", err, want)

@@ -901,14 +901,15 @@ const maxDiscoveredEndpoints = 64
 
 // unusableAddr says why ip cannot be an API server address learnt from
 // discovery or the endpoint cache, or returns "" if it can be: the
-// unspecified, link-local and multicast addresses (kube-apiserver refuses
-// unspecified, link-local and link-local multicast ones in an
-// EndpointSlice itself), the IPv4 broadcast address, and addresses with an
-// IPv6 zone, which only name a link of this node. Static --endpoints are
-// the operator's own and are not checked. Loopback addresses pass (a
-// control-plane node's own API server answers there), except this proxy's
-// own listener, which the daemon drops from every source (see
-// withoutOwnListener).
+// unspecified, link-local and multicast addresses, the IPv4 broadcast
+// address, and addresses with an IPv6 zone, which only name a link of this
+// node. (kube-apiserver refuses unspecified, loopback, link-local and
+// link-local multicast addresses in an EndpointSlice; one that does not
+// validate them, or the cache, could still hand them over.) Static
+// --endpoints are the operator's own and are not checked. Loopback
+// addresses pass: a validated slice cannot hold them, and the one that
+// would harm, this proxy's own listener, the daemon drops from every
+// source (see withoutOwnListener).
 func unusableAddr(ip netip.Addr) string {
 	switch {
 	case ip.IsUnspecified():
@@ -1060,7 +1061,7 @@ func (c *endpointCache) store(endpoints []string) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write endpoint cache: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), c.path); err != nil {
+	if err := os.Rename(tmp.Name(), c.path); err != nil { //nolint:gosec // the operator names this file
 		return fmt.Errorf("replace endpoint cache: %w", err)
 	}
 	return syncDir(dir)

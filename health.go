@@ -184,18 +184,43 @@ const (
 	// once on a loaded machine the server took over 250 ms to read some
 	// (TestHostileManyConcurrentRequests under -race, where a grace of
 	// 250 ms closed a few). Only a client that keeps every slot filled
-	// with connections younger than this can make a probe wait for it.
+	// with connections younger than this (or than healthConnBusy, inside
+	// a request) can make a probe wait for it.
 	healthConnGrace = time.Second
+	// A request on the health server takes milliseconds; at
+	// healthMaxConns, a connection still inside one after healthConnBusy
+	// may be closed to make room like an idle one, so that slow clients
+	// cannot hold every slot for the read or write timeout. (Request
+	// bodies, the cheapest way to be slow, are not waited for: see
+	// dropBodies.)
+	healthConnBusy = 3 * time.Second
 	// Spaces the warnings about connections closed at healthMaxConns.
 	healthLimitLogEvery = time.Minute
 )
+
+// dropBodies closes the connection of a request that comes with a body
+// right after the reply, without reading the body. No health endpoint
+// reads one, and net/http would otherwise read up to 256 KiB of it after
+// the reply, for up to the read timeout: a client declaring a body it never
+// sends would hold one of the healthMaxConns connections that long.
+func dropBodies(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 || len(r.TransferEncoding) > 0 {
+			// A read deadline in the past makes net/http's reading of
+			// the body fail at once, once the reply is written.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
 
 // newHealthServer returns the health HTTP server for handler on addr, with
 // every timeout set and its internal errors logged through log.
 func newHealthServer(addr string, handler http.Handler, log *slog.Logger) *http.Server {
 	return &http.Server{
 		Addr:              addr,
-		Handler:           handler,
+		Handler:           dropBodies(handler),
 		ReadHeaderTimeout: healthReadHeaderTimeout,
 		ReadTimeout:       healthReadTimeout,
 		WriteTimeout:      healthWriteTimeout,
@@ -218,14 +243,16 @@ func newHealthServer(addr string, handler http.Handler, log *slog.Logger) *http.
 // in. A connection that has not sent a request yet (StateNew) is spared for
 // its first grace, though: a burst of honest clients is accepted faster
 // than their requests are read, and closing the oldest of them would fail
-// clients that did nothing wrong. While no connection can be closed, the
-// accept loop waits for one to close or become idle, so further clients
-// queue in the listen backlog as the proxy's do; after grace the new
-// connection is closed instead, which happens only when every connection
-// is inside a handler.
+// clients that did nothing wrong. One inside a request is spared for busy,
+// far longer than a health request takes. While no connection can be
+// closed, the accept loop waits for one to close or become closable, so
+// further clients queue in the listen backlog as the proxy's do; after
+// grace the new connection is closed instead, which happens only when
+// every connection is a young one or inside a young request.
 type connLimiter struct {
 	max   int
-	grace time.Duration
+	grace time.Duration // see healthConnGrace
+	busy  time.Duration // see healthConnBusy
 	log   *slog.Logger
 
 	// freed wakes an admit waiting for room when a connection closes or
@@ -255,7 +282,7 @@ type connMark struct {
 // healthConnGrace.
 func newConnLimiter(limit int, log *slog.Logger) *connLimiter {
 	return &connLimiter{
-		max: limit, grace: healthConnGrace, log: log,
+		max: limit, grace: healthConnGrace, busy: healthConnBusy, log: log,
 		freed: make(chan struct{}, 1),
 		conns: make(map[net.Conn]connMark, limit),
 	}
@@ -345,24 +372,39 @@ func (l *connLimiter) makeRoomLocked(c net.Conn, now, deadline time.Time) (victi
 }
 
 // longestWaitingLocked returns the connection that has waited longest
-// without a request in progress: idle, or new for at least grace. If there
-// is none, spared is when the oldest new connection's grace ends, or zero
-// if there is no new connection. A linear scan: max is small and this runs
-// only at the limit. l.mu must be held.
+// among those that may be closed (see closableAt). If there is none,
+// spared is when the first of them becomes closable, or zero if there are
+// no connections. A linear scan: max is small and this runs only at the
+// limit. l.mu must be held.
 func (l *connLimiter) longestWaitingLocked(now time.Time) (oldest net.Conn, spared time.Time) {
 	var since time.Time
 	for c, m := range l.conns {
-		switch {
-		case m.state == http.StateActive:
-		case m.state == http.StateNew && now.Sub(m.since) < l.grace:
-			if end := m.since.Add(l.grace); spared.IsZero() || end.Before(spared) {
-				spared = end
+		if at := l.closableAt(m); at.After(now) {
+			if spared.IsZero() || at.Before(spared) {
+				spared = at
 			}
-		case oldest == nil || m.since.Before(since):
+			continue
+		}
+		if oldest == nil || m.since.Before(since) {
 			oldest, since = c, m.since
 		}
 	}
 	return oldest, spared
+}
+
+// closableAt is when a connection in m may be closed to make room: an idle
+// one at once, a new one after its grace, one inside a request once it has
+// been there for l.busy. (An idle connection may have a request on the
+// way, which its close then cuts; the client tries again.)
+func (l *connLimiter) closableAt(m connMark) time.Time {
+	switch m.state {
+	case http.StateNew:
+		return m.since.Add(l.grace)
+	case http.StateActive:
+		return m.since.Add(l.busy)
+	default:
+		return m.since
+	}
 }
 
 // awaitRoom waits until a connection closes or becomes idle, or for d.

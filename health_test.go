@@ -760,6 +760,17 @@ func TestHealthConnLimiterGrace(t *testing.T) {
 			wantGone:  "a",
 		},
 		{
+			name: "a request going on for longer than busy closed at once",
+			setup: func(l *connLimiter, a, b net.Conn) {
+				l.track(a, http.StateNew)
+				l.track(a, http.StateActive)
+				time.Sleep(healthConnBusy)
+				l.track(b, http.StateNew)
+				l.track(b, http.StateActive)
+			},
+			wantGone: "a",
+		},
+		{
 			name: "every connection in a handler: the new one closed after grace",
 			setup: func(l *connLimiter, a, b net.Conn) {
 				l.track(a, http.StateNew)
@@ -881,6 +892,7 @@ func TestHealthConnLimiterWarnsOncePerMinute(t *testing.T) {
 			t.Errorf("warnings after a refusal within the minute: got %d; want 2", n)
 		}
 		time.Sleep(healthLimitLogEvery)
+		l.track(last, http.StateActive) // a new request, younger than healthConnBusy
 		l.track(newCloseRecorder(), http.StateNew)
 		if got := buf.String(); !strings.Contains(got, "closed_waiting=0 refused_new=2") {
 			t.Errorf("third warning: got %q; want closed_waiting=0 refused_new=2", got)
@@ -1132,4 +1144,43 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// A request with a body, which no health endpoint reads, is answered as
+// usual and its connection closed at once, not held while net/http waits
+// for a body the client never sends: 64 such connections would otherwise
+// hold every slot of the connection limit for the read timeout.
+func TestHealthServerDropsBodies(t *testing.T) {
+	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
+	srv := startHealthServer(t, handler, nil)
+	for _, req := range []string{
+		"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n",
+		"GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+	} {
+		c, err := net.Dial("tcp", srv.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		start := time.Now()
+		_ = c.SetDeadline(start.Add(5 * time.Second))
+		if _, err := c.Write([]byte(req)); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%q: %v", req, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%q: got %d; want 200", req, resp.StatusCode)
+		}
+		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("%q: connection still open after the reply: %v", req, err)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("%q: the connection was held %v; want it closed at once", req, d)
+		}
+	}
 }

@@ -52,8 +52,11 @@
 // tried anyway, most recently healthy first. Proxied connections are bounded
 // by the open-files limit less a reserve of 256 descriptors, each connection
 // counting four (two sockets, one splice pipe borrowed while bytes move; an
-// idle connection holds only its sockets); at the bound new clients wait in
-// the listen backlog. Accept errors such as EMFILE back off and retry.
+// idle connection holds only its sockets), and by the cgroup's memory limit
+// less 24 MiB, each counting 32 KiB (never below 64); at the bound new
+// clients wait in the listen backlog. Accept errors such as EMFILE back off
+// and retry. An endpoint that is the proxy's own listener is refused in
+// --endpoints and dropped from every other source.
 //
 // # Upstream health
 //
@@ -94,8 +97,10 @@
 // older than --liveness-threshold, or when discovery has exited; the beats
 // stop while Accept fails), /readyz (200 while an upstream is healthy and
 // not draining), /metrics (Prometheus) and /upstreams (each upstream's
-// state, JSON or text/plain). GET and HEAD only. The health server itself
-// backs off and retries when its Accept fails. "extractedprism status"
+// state, JSON or text/plain). GET and HEAD only. The health server holds at
+// most 64 connections, closing the longest-waiting idle one (or one stuck in
+// a request for 3 s) to make room, and backs off and retries when its
+// Accept fails. "extractedprism status"
 // prints the /upstreams table of the daemon on this node.
 //
 // # Endpoint cache
@@ -103,8 +108,11 @@
 // With --endpoint-cache-file the last discovered endpoint list is written
 // atomically whenever it changes and used at start, beside the static
 // endpoints, until discovery answers. A corrupt cache is logged and ignored,
-// and so is the cache when discovery cannot start (no credentials, or a
-// --kubeconfig that does not load, which is logged as an error).
+// as is one over 64 KiB or 64 entries or with an address discovery would not
+// keep (discovery leaves out unspecified, link-local, multicast, broadcast
+// and zoned addresses, and keeps at most 64), and so is the cache when
+// discovery cannot start (no credentials, or a --kubeconfig that does not
+// load, which is logged as an error).
 //
 // # Metrics
 //
@@ -137,7 +145,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -246,10 +253,8 @@ type daemon struct {
 	seed []string
 	// limitBy says what sets the proxy's connection limit (maxConnections).
 	limitBy string
-	// listen is the proxy listener's address and local the addresses of
-	// the node's interfaces at start-up, for withoutOwnListener.
+	// listen is the proxy listener's address, for withoutOwnListener.
 	listen string
-	local  []netip.Addr
 	// released is when beat last returned freed memory to the kernel and
 	// how many connections had closed then; only the run loop uses it.
 	released memoryRelease
@@ -330,7 +335,6 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 		cache:     cache,
 		seed:      seed,
 		listen:    lbAddr,
-		local:     localAddrs(),
 	}
 }
 
@@ -338,7 +342,8 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 // proxy's own listener (see ownListener), warning of them. Static ones are
 // refused at start-up; these come from discovery or the endpoint cache.
 func (d *daemon) withoutOwnListener(eps []string) []string {
-	own := func(e string) bool { return ownListener(e, d.listen, d.local) }
+	local := localAddrs() // read again each time: the node may have gained one
+	own := func(e string) bool { return ownListener(e, d.listen, local) }
 	if !slices.ContainsFunc(eps, own) {
 		return eps
 	}

@@ -45,9 +45,11 @@ const (
 	// memory and a few KiB of socket memory, both charged to its cgroup),
 	// leaving room for the buffers and larger stacks of connections moving
 	// bytes; memReserve is kept for the rest of the daemon, which idles at
-	// about 16 MiB.
+	// about 16 MiB. The bound is never below fewConnections: a memory
+	// limit that small still runs an idle daemon, whose node agents need
+	// a few dozen connections, discovery's own among them.
 	memPerConn = 32 << 10
-	memReserve = 32 << 20
+	memReserve = 24 << 20
 
 	localRetryDelay  = 10 * time.Millisecond
 	acceptProbe      = 10 * time.Millisecond
@@ -237,8 +239,8 @@ func memConnLimit(memory uint64) int {
 	if memory == 0 {
 		return 0
 	}
-	if memory <= memReserve+memPerConn {
-		return 1
+	if memory <= memReserve+fewConnections*memPerConn {
+		return fewConnections
 	}
 	return int(min((memory-memReserve)/memPerConn, 1<<20))
 }

@@ -990,7 +990,9 @@ func TestMaxConnections(t *testing.T) {
 		{1 << 20, 0, (1<<20 - fdReserve) / fdsPerConn, limitByFiles},             // no memory limit
 		{1 << 20, 128 << 20, (128<<20 - memReserve) / memPerConn, limitByMemory}, // the chart's 128Mi
 		{1024, 128 << 20, (1024 - fdReserve) / fdsPerConn, limitByFiles},
-		{1 << 20, memReserve, 1, limitByMemory},
+		{1 << 20, 32 << 20, 256, limitByMemory}, // a 32Mi limit
+		{1 << 20, memReserve, fewConnections, limitByMemory},
+		{1 << 20, 1 << 20, fewConnections, limitByMemory},
 		{1 << 20, 1 << 40, (1<<20 - fdReserve) / fdsPerConn, limitByFiles},
 	}
 	for _, tt := range tests {
