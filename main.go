@@ -343,19 +343,17 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 // refused at start-up; these come from discovery or the endpoint cache.
 func (d *daemon) withoutOwnListener(eps []string) []string {
 	local := localAddrs() // read again each time: the node may have gained one
-	own := func(e string) bool { return ownListener(e, d.listen, local) }
-	if !slices.ContainsFunc(eps, own) {
-		return eps
-	}
-	var dropped, kept []string
-	for _, e := range eps {
-		if own(e) {
+	var dropped []string
+	kept := slices.DeleteFunc(slices.Clone(eps), func(e string) bool {
+		own := ownListener(e, d.listen, local)
+		if own {
 			dropped = append(dropped, e)
-		} else {
-			kept = append(kept, e)
 		}
+		return own
+	})
+	if len(dropped) > 0 {
+		d.log.Warn("ignoring endpoints that are this proxy's own listener", "endpoints", dropped, "listen", d.listen)
 	}
-	d.log.Warn("ignoring endpoints that are this proxy's own listener", "endpoints", dropped, "listen", d.listen)
 	return kept
 }
 
