@@ -52,10 +52,10 @@
 // tried anyway, most recently healthy first. Proxied connections are bounded
 // by the open-files limit less a reserve of 256 descriptors, each connection
 // counting four (two sockets, one splice pipe borrowed while bytes move; an
-// idle connection holds only its sockets), and by the cgroup's memory limit
-// less 24 MiB, each counting 32 KiB (never below 64); at the bound new
-// clients wait in the listen backlog. Accept errors such as EMFILE back off
-// and retry. An endpoint that is the proxy's own listener is refused in
+// idle connection holds only its sockets), and by the memory limit of its
+// cgroup or of one above it, less 24 MiB, each counting 32 KiB (never below
+// 64); at the bound new clients wait in the listen backlog. Accept errors
+// such as EMFILE back off and retry. An endpoint that is the proxy's own listener is refused in
 // --endpoints and dropped from every other source.
 //
 // # Upstream health

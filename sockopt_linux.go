@@ -74,36 +74,57 @@ func listenConfig(ka net.KeepAliveConfig) net.ListenConfig {
 // if it has none or it cannot be read.
 func memoryLimit() uint64 { return cgroupMemoryLimit("/proc/self/cgroup", "/sys/fs/cgroup") }
 
-// cgroupMemoryLimit reads the memory limit of the cgroup that selfCgroup
-// (the format of /proc/self/cgroup) names, under the cgroup file system at
-// root: memory.max of cgroup v2, or memory.limit_in_bytes of v1's memory
-// controller. Each is looked for at the cgroup's own path and then at the
-// root of the mount, which is where a container with its own cgroup
-// namespace sees its cgroup. 0 means no limit or none found.
+// cgroupMemoryLimit returns the memory limit in force for the cgroup that
+// selfCgroup (the format of /proc/self/cgroup) names, under the cgroup file
+// system at root: the lowest of memory.max (cgroup v2) or
+// memory.limit_in_bytes (v1's memory controller) of that cgroup and of
+// each cgroup above it that the file system shows, as a limit on a parent,
+// such as a systemd slice's MemoryMax, bounds its children too. A container
+// with its own cgroup namespace sees its cgroup at the root of the mount,
+// which the walk up reaches as well. 0 means no limit or none found.
 func cgroupMemoryLimit(selfCgroup, root string) uint64 {
 	b, err := readAtMost(selfCgroup, 64<<10)
 	if err != nil {
 		return 0
 	}
-	var files []string
+	var limit uint64
 	for line := range strings.SplitSeq(string(b), "\n") {
 		id, rest, _ := strings.Cut(line, ":")
 		controllers, path, ok := strings.Cut(rest, ":")
 		switch {
 		case !ok:
 		case id == "0" && controllers == "":
-			files = append(files, filepath.Join(root, path, "memory.max"), filepath.Join(root, "memory.max"))
+			limit = lowerLimit(limit, lowestOnPath(root, path, "memory.max"))
 		case slices.Contains(strings.Split(controllers, ","), "memory"):
-			files = append(files, filepath.Join(root, "memory", path, "memory.limit_in_bytes"),
-				filepath.Join(root, "memory", "memory.limit_in_bytes"))
+			limit = lowerLimit(limit, lowestOnPath(filepath.Join(root, "memory"), path, "memory.limit_in_bytes"))
 		}
 	}
-	for _, f := range files {
-		if v, ok := readMemoryLimit(f); ok {
-			return v
+	return limit
+}
+
+// lowestOnPath returns the lowest limit that file holds in the directory of
+// the cgroup path under root and in each directory above it up to root, 0
+// if none sets one. The path cannot lead out of root: it is cleaned as an
+// absolute path first.
+func lowestOnPath(root, path, file string) uint64 {
+	root = filepath.Clean(root)
+	var limit uint64
+	for dir := filepath.Join(root, filepath.Clean("/"+path)); ; dir = filepath.Dir(dir) {
+		if v, ok := readMemoryLimit(filepath.Join(dir, file)); ok {
+			limit = lowerLimit(limit, v)
+		}
+		if len(dir) <= len(root) {
+			return limit
 		}
 	}
-	return 0
+}
+
+// lowerLimit returns the lower of two memory limits, where 0 is none.
+func lowerLimit(a, b uint64) uint64 {
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // readMemoryLimit reads a cgroup memory limit file: "max", or a number of
