@@ -132,7 +132,8 @@
 // SIGINT or SIGTERM stops discovery, closes the listener, force-closes the
 // proxied connections, waits up to 5 s for their goroutines and gives the
 // health server 5 s to finish. The exit status is 0, or 1 if the goroutines
-// outlast the 5 s or the health server had failed.
+// outlast the 5 s or the health server had failed. SIGHUP is logged and
+// ignored: nothing is reloaded.
 package main
 
 import (
@@ -207,6 +208,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	pipes := make(chan os.Signal, 1)
 	signal.Notify(pipes, syscall.SIGPIPE)
 	defer signal.Stop(pipes)
+	// SIGHUP, which a closing terminal or a habitual "reload" sends, would
+	// end the daemon the same way. Nothing is reloaded (the configuration
+	// is read once), so it is logged and otherwise ignored.
+	hangups := make(chan os.Signal, 1)
+	signal.Notify(hangups, syscall.SIGHUP)
+	defer signal.Stop(hangups)
+	var wg sync.WaitGroup
+	hctx, cancel := context.WithCancel(ctx)
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { noteHangups(hctx, log, hangups) })
 	for _, ig := range cfg.ignoredSettings() {
 		log.Warn("setting has no effect", "setting", flagRef(ig.flag), "because", ig.because)
 	}
@@ -223,6 +235,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	d := newDaemon(cfg, log, lbLn.Addr().String())
 	return d.run(ctx, lbLn, healthLn)
+}
+
+// noteHangups logs each SIGHUP on hangups until ctx is done.
+func noteHangups(ctx context.Context, log *slog.Logger, hangups <-chan os.Signal) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hangups:
+			log.Warn("SIGHUP ignored: the configuration is read only at start-up; restart the daemon to change it")
+		}
+	}
 }
 
 // checkReadyzCA fails start-up when readyz probes are on and their CA is

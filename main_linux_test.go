@@ -184,3 +184,48 @@ func TestSecondSignalEndsShutdown(t *testing.T) {
 		}
 	}
 }
+
+// TestHangupIsIgnored: SIGHUP, whose default action ends a process, is
+// logged and leaves the daemon serving; SIGTERM still stops it cleanly.
+func TestHangupIsIgnored(t *testing.T) {
+	if runMainIfChild() {
+		return
+	}
+	mc := startMain(t, "--endpoints", deadAddr(t))
+	logged := make(chan struct{})
+	go func() {
+		for {
+			line, err := mc.logs.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if strings.Contains(line, `"msg":"SIGHUP ignored`) {
+				close(logged)
+				_, _ = io.Copy(io.Discard, mc.logs)
+				return
+			}
+		}
+	}()
+	for range 2 {
+		if err := mc.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-logged:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no log line within 10 s of SIGHUP")
+	}
+	if code, err := httpGet("http://" + mc.healthAddr + "/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz after SIGHUP: got %d (%v); want 200", code, err)
+	}
+	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := mc.cmd.Wait(); err != nil {
+		t.Fatalf("after SIGHUP, then SIGTERM: %v; want a clean exit\n%s", err, mc.stdout.String())
+	}
+	if !strings.Contains(mc.stdout.String(), "--- PASS: "+t.Name()) {
+		t.Errorf("the copy did not run main:\n%s", mc.stdout.String())
+	}
+}
