@@ -216,8 +216,9 @@ func dropBodies(h http.Handler) http.Handler {
 }
 
 // newHealthServer returns the health HTTP server for handler on addr, with
-// every timeout set and its internal errors logged through log.
-func newHealthServer(addr string, handler http.Handler, log *slog.Logger) *http.Server {
+// every timeout set, its internal errors logged through log and the
+// connections it closes at its limit counted in m.
+func newHealthServer(addr string, handler http.Handler, log *slog.Logger, m *metrics) *http.Server {
 	return &http.Server{
 		Addr:              addr,
 		Handler:           dropBodies(handler),
@@ -226,7 +227,7 @@ func newHealthServer(addr string, handler http.Handler, log *slog.Logger) *http.
 		WriteTimeout:      healthWriteTimeout,
 		IdleTimeout:       healthIdleTimeout,
 		MaxHeaderBytes:    healthMaxHeaderBytes,
-		ConnState:         newConnLimiter(healthMaxConns, log).track,
+		ConnState:         newConnLimiter(healthMaxConns, log, m).track,
 		// net/http reports accept retries and handler panics here; without
 		// it they would bypass slog and go to the standard logger.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -254,6 +255,9 @@ type connLimiter struct {
 	grace time.Duration // see healthConnGrace
 	busy  time.Duration // see healthConnBusy
 	log   *slog.Logger
+	// closedWaiting and closedNew count the connections closed, for ever;
+	// see metrics.healthConnsClosed.
+	closedWaiting, closedNew prometheus.Counter
 
 	// freed wakes an admit waiting for room when a connection closes or
 	// becomes idle. It holds one token, so a wake-up is never lost; a stale
@@ -279,12 +283,14 @@ type connMark struct {
 }
 
 // newConnLimiter returns a limiter for limit connections, with a grace of
-// healthConnGrace.
-func newConnLimiter(limit int, log *slog.Logger) *connLimiter {
+// healthConnGrace, that counts what it closes in m.
+func newConnLimiter(limit int, log *slog.Logger, m *metrics) *connLimiter {
 	return &connLimiter{
 		max: limit, grace: healthConnGrace, busy: healthConnBusy, log: log,
-		freed: make(chan struct{}, 1),
-		conns: make(map[net.Conn]connMark, limit),
+		closedWaiting: m.healthConnsClosed.WithLabelValues(reasonWaiting),
+		closedNew:     m.healthConnsClosed.WithLabelValues(reasonNew),
+		freed:         make(chan struct{}, 1),
+		conns:         make(map[net.Conn]connMark, limit),
 	}
 }
 
@@ -358,8 +364,10 @@ func (l *connLimiter) makeRoomLocked(c net.Conn, now, deadline time.Time) (victi
 		case victim != nil:
 			delete(l.conns, victim)
 			l.evicted++
+			l.closedWaiting.Inc()
 		case !now.Before(deadline):
 			l.refused++
+			l.closedNew.Inc()
 			return c, 0
 		case spared.IsZero() || spared.After(deadline):
 			return nil, deadline.Sub(now)

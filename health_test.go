@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestHeartbeatAlive(t *testing.T) {
@@ -318,7 +319,7 @@ func TestMetricsEndpoint(t *testing.T) {
 }
 
 func TestNewHealthServerLimits(t *testing.T) {
-	srv := newHealthServer("127.0.0.1:7446", http.NotFoundHandler(), slog.New(slog.DiscardHandler))
+	srv := newHealthServer("127.0.0.1:7446", http.NotFoundHandler(), slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()))
 	// The slow-client tests shorten these to run quickly, so this is where
 	// the daemon's own values are checked.
 	durations := []struct {
@@ -462,7 +463,7 @@ func TestServeHealthReturnsServeError(t *testing.T) {
 	}
 	ln.Close()
 	log := slog.New(slog.DiscardHandler)
-	srv := newHealthServer(ln.Addr().String(), http.NotFoundHandler(), log)
+	srv := newHealthServer(ln.Addr().String(), http.NotFoundHandler(), log, newMetrics(prometheus.NewRegistry()))
 	err = serveHealth(t.Context(), srv, ln, log)
 	if !errors.Is(err, net.ErrClosed) {
 		t.Errorf("serveHealth: got %v; want an error wrapping %v", err, net.ErrClosed)
@@ -482,7 +483,7 @@ func TestServeHealthForcesCloseAfterDeadline(t *testing.T) {
 		})
 		log := slog.New(slog.DiscardHandler)
 		ln := newPipeListener()
-		srv := newHealthServer("pipe", stuck, log)
+		srv := newHealthServer("pipe", stuck, log, newMetrics(prometheus.NewRegistry()))
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		go func() { done <- serveHealth(ctx, srv, ln, log) }()
@@ -521,7 +522,7 @@ func TestServeHealthSurvivesAcceptErrors(t *testing.T) {
 		ln := &failingListener{pipeListener: newPipeListener()}
 		ln.failures.Store(5)
 		handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
-		srv := newHealthServer("pipe", handler, log)
+		srv := newHealthServer("pipe", handler, log, newMetrics(prometheus.NewRegistry()))
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		start := time.Now()
@@ -624,6 +625,11 @@ func TestHealthServerConnLimitClosesOldestIdle(t *testing.T) {
 				healthMaxConns+1+i, len(conns), code, err, http.StatusOK)
 		}
 	}
+	for reason, want := range map[string]float64{reasonWaiting: healthMaxConns + 1, reasonNew: 0} {
+		if got := testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reason)); got != want {
+			t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
+		}
+	}
 }
 
 // TestHealthServerConnLimitClosesNewWhenAllBusy holds every connection of
@@ -669,6 +675,9 @@ func TestHealthServerConnLimitClosesNewWhenAllBusy(t *testing.T) {
 	}
 	if !extra.closed(time.Now().Add(3 * time.Second)) {
 		t.Error("new connection with every slot busy: got it open or answered; want it closed unanswered")
+	}
+	if got := testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reasonNew)); got != 1 {
+		t.Errorf("health_connections_closed_total{reason=%q}: got %v; want 1", reasonNew, got)
 	}
 
 	releaseAll()
@@ -785,7 +794,8 @@ func TestHealthConnLimiterGrace(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				l := newConnLimiter(2, slog.New(slog.DiscardHandler))
+				m := newMetrics(prometheus.NewRegistry())
+				l := newConnLimiter(2, slog.New(slog.DiscardHandler), m)
 				conns := map[string]*closeRecorder{"a": newCloseRecorder(), "b": newCloseRecorder(), "c": newCloseRecorder()}
 				a, b, c := conns["a"], conns["b"], conns["c"]
 				tt.setup(l, a, b)
@@ -808,6 +818,18 @@ func TestHealthConnLimiterGrace(t *testing.T) {
 						t.Errorf("%s closed: got %v; want %v", name, got, want)
 					}
 				}
+				wantClosed := map[string]float64{reasonWaiting: 0, reasonNew: 0}
+				switch tt.wantGone {
+				case "c":
+					wantClosed[reasonNew] = 1
+				case "a", "b":
+					wantClosed[reasonWaiting] = 1
+				}
+				for reason, want := range wantClosed {
+					if got := testutil.ToFloat64(m.healthConnsClosed.WithLabelValues(reason)); got != want {
+						t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
+					}
+				}
 				l.mu.Lock()
 				defer l.mu.Unlock()
 				if n := len(l.conns); n > l.max {
@@ -822,7 +844,7 @@ func TestHealthConnLimiterGrace(t *testing.T) {
 // still finish reading a request it had buffered, and net/http then reports
 // it active and idle; it must not count again.
 func TestHealthConnLimiterClosedStayGone(t *testing.T) {
-	l := newConnLimiter(1, slog.New(slog.DiscardHandler))
+	l := newConnLimiter(1, slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()))
 	a, b := newCloseRecorder(), newCloseRecorder()
 	for _, state := range []http.ConnState{http.StateNew, http.StateActive, http.StateIdle} {
 		l.track(a, state)
@@ -849,7 +871,7 @@ func TestHealthConnLimiterClosedStayGone(t *testing.T) {
 func TestHealthConnLimiterWarnsOncePerMinute(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var buf lockedBuffer
-		l := newConnLimiter(1, slog.New(slog.NewTextHandler(&buf, nil)))
+		l := newConnLimiter(1, slog.New(slog.NewTextHandler(&buf, nil)), newMetrics(prometheus.NewRegistry()))
 		const warning = "health server at its connection limit"
 		// open adds an idle keep-alive connection, which closes the one
 		// before it.
@@ -1038,8 +1060,9 @@ func (pipeAddr) String() string  { return "pipe" }
 // testHealthServer is a health server on a real loopback socket, run by
 // serveHealth in a goroutine the test owns.
 type testHealthServer struct {
-	addr   string // host:port
-	url    string // http://host:port
+	addr   string   // host:port
+	url    string   // http://host:port
+	m      *metrics // counts the connections closed at the limit
 	cancel context.CancelFunc
 	done   chan error
 
@@ -1061,7 +1084,8 @@ func startHealthServerWithLog(t *testing.T, handler http.Handler, adjust func(*h
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := newHealthServer(ln.Addr().String(), handler, log)
+	m := newMetrics(prometheus.NewRegistry())
+	srv := newHealthServer(ln.Addr().String(), handler, log, m)
 	if adjust != nil {
 		adjust(srv)
 	}
@@ -1069,6 +1093,7 @@ func startHealthServerWithLog(t *testing.T, handler http.Handler, adjust func(*h
 	s := &testHealthServer{
 		addr:   ln.Addr().String(),
 		url:    "http://" + ln.Addr().String(),
+		m:      m,
 		cancel: cancel,
 		done:   make(chan error, 1),
 	}

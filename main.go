@@ -123,7 +123,8 @@
 // _hedged_dials_won_total, _dead_connections_closed_total,
 // _clients_refused_total, _connection_limit,
 // _upstream_dial_duration_seconds{upstream}, _upstream_connections{upstream},
-// _drains_in_progress, _build_info{version,revision,goversion}, and with the
+// _drains_in_progress, _build_info{version,revision,goversion},
+// _health_connections_closed_total{reason}, and with the
 // modes that produce them _upstream_rtt_seconds, _upstream_latency_tier and
 // _upstream_ready.
 //
@@ -436,7 +437,7 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	d.logStart(lbLn.Addr().String(), healthLn.Addr().String())
 	mux := newHealthHandler(d.heartbeat.alive, d.pool.ready, d.reg)
 	mux.Handle("/upstreams", readOnly(upstreamsHandler(d.describe)))
-	srv := newHealthServer(healthLn.Addr().String(), mux, d.log)
+	srv := newHealthServer(healthLn.Addr().String(), mux, d.log, d.proxy.m)
 	// The static and cached endpoints are known before anything listens:
 	// seed the pool with them so the first client never finds it empty.
 	// Discovery sends the same list again, which changes nothing.

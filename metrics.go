@@ -32,12 +32,21 @@ type metrics struct {
 	upstreamConns   *prometheus.GaugeVec     // upstream
 	drains          prometheus.Gauge
 	buildInfo       *prometheus.GaugeVec // version, revision, goversion
+	// healthConnsClosed counts the health server's connections closed at
+	// its connection limit, by reason: reasonWaiting or reasonNew.
+	healthConnsClosed *prometheus.CounterVec
 }
 
 const (
 	metricNamespace = "extractedprism"
 	labelUpstream   = "upstream"
 	labelProvider   = "provider"
+
+	// The reasons of healthConnsClosed: a connection waiting without a
+	// request in progress, closed to make room for a new one, or the new
+	// one, closed because no connection could be.
+	reasonWaiting = "waiting"
+	reasonNew     = "new"
 )
 
 // newMetrics creates the metric set and registers it on reg.
@@ -96,7 +105,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.discoveryUpdates, m.discoveryErrors,
 		m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
 		m.hedgedDials, m.hedgedWins, m.deadConnsClosed, m.clientsRefused, m.connLimit,
-		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo,
+		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo, m.healthConnsClosed,
 	)
 	version, revision := versionInfo()
 	m.buildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
@@ -142,6 +151,14 @@ func (m *metrics) addBeyondSpec() {
 		Namespace: metricNamespace, Name: "build_info",
 		Help: "Always 1; the labels say which build is running.",
 	}, []string{"version", "revision", "goversion"})
+	m.healthConnsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: metricNamespace, Name: "health_connections_closed_total",
+		Help: "Health server connections closed at its connection limit: reason=waiting, an open one without a request in progress, closed to make room; reason=new, a new one, closed because none could be.",
+	}, []string{"reason"})
+	// Both series exist from the start, so that a rate over them works
+	// before the first closing.
+	m.healthConnsClosed.WithLabelValues(reasonWaiting)
+	m.healthConnsClosed.WithLabelValues(reasonNew)
 }
 
 // forgetUpstream deletes every per-upstream series of addr. It is called once

@@ -140,12 +140,13 @@ var wantAlerts = map[string]struct {
 	severity string
 	pending  time.Duration
 }{
-	"ExtractedprismNoHealthyUpstream": {"critical", time.Minute},
-	"ExtractedprismUpstreamFlapping":  {"warning", 5 * time.Minute},
-	"ExtractedprismUpstreamDown":      {"warning", 10 * time.Minute},
-	"ExtractedprismDiscoveryFailing":  {"warning", 10 * time.Minute},
-	"ExtractedprismLivenessFailing":   {"warning", 5 * time.Minute},
-	"ExtractedprismNotReadyUpstreams": {"warning", 5 * time.Minute},
+	"ExtractedprismNoHealthyUpstream":             {"critical", time.Minute},
+	"ExtractedprismUpstreamFlapping":              {"warning", 5 * time.Minute},
+	"ExtractedprismUpstreamDown":                  {"warning", 10 * time.Minute},
+	"ExtractedprismDiscoveryFailing":              {"warning", 10 * time.Minute},
+	"ExtractedprismLivenessFailing":               {"warning", 5 * time.Minute},
+	"ExtractedprismNotReadyUpstreams":             {"warning", 5 * time.Minute},
+	"ExtractedprismHealthServerAtConnectionLimit": {"warning", 10 * time.Minute},
 }
 
 // alertTemplateFuncs stand in for the Prometheus template functions an
