@@ -6,6 +6,8 @@
 #   tools/deploytest/ci.sh
 #
 # EXTRACTEDPRISM_TOOLS moves the helm cache (default ~/.cache/extractedprism-tools).
+# EP_SYSTEMD_REQUIRE=1 fails the systemd example tests where systemd-analyze
+# or setpriv is missing, instead of skipping them (systemd_test.go).
 # EP_E2E_BIN_DIR and EP_E2E_REQUIRE=1 steer the API-server test; see
 # apiserver_test.go.
 set -euo pipefail

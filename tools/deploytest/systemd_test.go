@@ -1,0 +1,302 @@
+package test
+
+// The systemd example (examples/systemd). systemd-analyze checks the unit;
+// the daemon is then run as the unit runs it, as root with no capability
+// and no new privileges, from the example's variables with its readyz
+// lines switched on: it must read kubelet-style credential files (mode
+// 0600 in a 0700 directory), find a real TLS API server ready and proxy to
+// it. Neither systemd nor its sandbox runs here (no systemd as PID 1).
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var systemdDir = filepath.Join(repoRoot, "examples", "systemd")
+
+// The paths the unit names, which exist only on a node.
+const (
+	unitExecStart = "ExecStart=/usr/local/bin/extractedprism"
+	unitEnvFile   = "EnvironmentFile=/etc/extractedprism/extractedprism.env"
+)
+
+// requireTool returns the path of tool, skipping t when it is missing
+// unless EP_SYSTEMD_REQUIRE=1 (as CI sets) makes that a failure.
+func requireTool(t *testing.T, tool string) string {
+	t.Helper()
+	path, err := exec.LookPath(tool)
+	if err != nil {
+		if os.Getenv("EP_SYSTEMD_REQUIRE") == "1" {
+			t.Fatalf("%s is required (EP_SYSTEMD_REQUIRE=1): %v", tool, err)
+		}
+		t.Skipf("%s not installed: %v", tool, err)
+	}
+	return path
+}
+
+// buildDaemon builds the daemon into a temporary directory.
+func buildDaemon(t *testing.T) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "extractedprism")
+	cmd := exec.Command("go", "build", "-o", out, ".")
+	cmd.Dir = repoRoot
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, b)
+	}
+	return out
+}
+
+// TestSystemdUnitVerifies runs systemd-analyze verify on the unit, with its
+// binary and environment file pointed at a built daemon and the example's
+// file. verify exits 0 on an unknown key or a misspelt value, so any output
+// at all fails the test.
+func TestSystemdUnitVerifies(t *testing.T) {
+	analyze := requireTool(t, "systemd-analyze")
+	unit, err := os.ReadFile(filepath.Join(systemdDir, "extractedprism.service"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	text := string(unit)
+	for _, line := range []string{unitExecStart, unitEnvFile} {
+		if !strings.Contains(text, line+"\n") {
+			t.Fatalf("the unit lacks the line %q", line)
+		}
+	}
+	text = strings.Replace(text, unitExecStart, "ExecStart="+buildDaemon(t), 1)
+	envPath, err := filepath.Abs(filepath.Join(systemdDir, "extractedprism.env"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	text = strings.Replace(text, unitEnvFile, "EnvironmentFile="+envPath, 1)
+	path := filepath.Join(t.TempDir(), "extractedprism.service")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatalf("%v", err)
+	}
+	out, err := exec.Command(analyze, "verify", path).CombinedOutput()
+	if err != nil || len(bytes.TrimSpace(out)) > 0 {
+		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// unitSettings returns the unit's Key=value lines; a key set twice keeps
+// its last value, as in systemd.
+func unitSettings(t *testing.T) map[string]string {
+	t.Helper()
+	unit, err := os.ReadFile(filepath.Join(systemdDir, "extractedprism.service"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	settings := map[string]string{}
+	for line := range strings.SplitSeq(string(unit), "\n") {
+		if key, value, ok := strings.Cut(strings.TrimSpace(line), "="); ok && !strings.HasPrefix(key, "#") {
+			settings[key] = value
+		}
+	}
+	return settings
+}
+
+// systemdEnv returns the example's variables with the commented readyz
+// lines switched on, checking that every one is a variable the daemon
+// reads.
+func systemdEnv(t *testing.T) map[string]string {
+	t.Helper()
+	path := filepath.Join(systemdDir, "extractedprism.env")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	on := filepath.Join(t.TempDir(), "extractedprism.env")
+	uncommented := regexp.MustCompile(`(?m)^#(EP_[A-Z_]+=)`).ReplaceAll(b, []byte("$1"))
+	if err := os.WriteFile(on, uncommented, 0o600); err != nil {
+		t.Fatalf("%v", err)
+	}
+	env := envFile(t, on)
+	known := daemonVariables(t)
+	for name := range env {
+		if !known[name] {
+			t.Errorf("%s sets %s, which the daemon does not read", path, name)
+		}
+	}
+	if env["EP_HEALTH_CHECK"] != "readyz" {
+		t.Fatalf("%s: EP_HEALTH_CHECK=%q with its comments removed; want the readyz lines", path, env["EP_HEALTH_CHECK"])
+	}
+	return env
+}
+
+// TestSystemdExampleRunsWithoutCapabilities runs the daemon as the unit
+// does (root, CapabilityBoundingSet= and NoNewPrivileges=yes, through
+// setpriv) with the example's settings, the credential paths pointed at
+// files laid out like the kubelet's, and a TLS API server on loopback.
+func TestSystemdExampleRunsWithoutCapabilities(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, as the unit runs the daemon")
+	}
+	setpriv := requireTool(t, "setpriv")
+	unit := unitSettings(t)
+	if unit["CapabilityBoundingSet"] != "" || unit["NoNewPrivileges"] != "yes" || unit["User"] != "" {
+		t.Fatalf("the unit no longer runs the daemon as root without capabilities (CapabilityBoundingSet=%q NoNewPrivileges=%q User=%q); change this test with it",
+			unit["CapabilityBoundingSet"], unit["NoNewPrivileges"], unit["User"])
+	}
+	env := systemdEnv(t)
+	pki := writePKI(t, t.TempDir())
+	creds := filepath.Join(t.TempDir(), "pki")
+	if err := os.Mkdir(creds, 0o700); err != nil {
+		t.Fatalf("%v", err)
+	}
+	// kubelet-client-current.pem holds the certificate and its key.
+	clientPEM := filepath.Join(creds, "kubelet-client-current.pem")
+	caFile := filepath.Join(creds, "ca.crt")
+	for path, data := range map[string][]byte{clientPEM: append(pki.adminCertPEM, pki.adminKeyPEM...), caFile: pki.caPEM} {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
+	upstream := readyzServer(t, pki)
+	bindPort, healthPort := freePort(t), freePort(t)
+	env["EP_ENDPOINTS"] = upstream // loopback only, never the example's addresses
+	env["EP_BIND_PORT"], env["EP_HEALTH_PORT"] = strconv.Itoa(bindPort), strconv.Itoa(healthPort)
+	env["EP_HEALTH_CHECK_CA_FILE"] = caFile
+	env["EP_HEALTH_CHECK_CERT_FILE"], env["EP_HEALTH_CHECK_KEY_FILE"] = clientPEM, clientPEM
+
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, setpriv, "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--", buildDaemon(t))
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	for name, value := range env {
+		cmd.Env = append(cmd.Env, name+"="+value)
+	}
+	var logs lockedBuffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("%v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() { _ = cmd.Process.Kill() }()
+
+	health := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(healthPort))
+	waitFor(ctx, t, "the daemon's /readyz with the upstream ready", func() error {
+		select {
+		case err := <-exited:
+			t.Fatalf("the daemon ended: %v\n%s", err, logs.String())
+		default:
+		}
+		return getOK(http.DefaultClient, health+"/readyz")
+	})
+	checkNoPrivileges(t, cmd.Process.Pid)
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: apiClientTLS(t, pki)}}
+	if err := getOK(client, "https://"+net.JoinHostPort("127.0.0.1", strconv.Itoa(bindPort))+"/readyz"); err != nil {
+		t.Errorf("a request through the daemon: %v", err)
+	}
+	if out := logs.String(); strings.Contains(out, "permission denied") {
+		t.Errorf("the daemon met a permission error:\n%s", out)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("%v", err)
+	}
+	if err := <-exited; err != nil {
+		t.Errorf("after SIGTERM: %v; want exit status 0\n%s", err, logs.String())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer that the process's output copier and the
+// test may use at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// readyzServer starts a TLS server on loopback with the test PKI's serving
+// certificate that, like kube-apiserver, wants a client certificate from
+// its CA and answers /readyz with 200. It returns its address.
+func readyzServer(t *testing.T, pki testPKI) string {
+	t.Helper()
+	cert, err := tls.LoadX509KeyPair(pki.servingCert, pki.servingKey)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	clientCAs := x509.NewCertPool()
+	clientCAs.AppendCertsFromPEM(pki.caPEM)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = fmt.Fprint(w, "ok")
+	}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: clientCAs, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+// apiClientTLS is a client's TLS configuration for the test API server:
+// the admin certificate, and the serving certificate verified as
+// "kubernetes", as a kubeconfig with tls-server-name does.
+func apiClientTLS(t *testing.T, pki testPKI) *tls.Config {
+	t.Helper()
+	cert, err := tls.X509KeyPair(pki.adminCertPEM, pki.adminKeyPEM)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pki.caPEM)
+	return &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots, ServerName: "kubernetes", MinVersion: tls.VersionTLS12}
+}
+
+// getOK fails unless a GET of url answers 200.
+func getOK(client *http.Client, url string) error {
+	resp, err := client.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// checkNoPrivileges checks in /proc that process pid has no capability,
+// effective or in its bounding set, and cannot gain privileges.
+func checkNoPrivileges(t *testing.T, pid int) {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	for _, want := range []string{"CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1"} {
+		if !strings.Contains(string(status), want+"\n") {
+			t.Errorf("/proc/%d/status lacks %q:\n%s", pid, want, status)
+		}
+	}
+}
