@@ -462,3 +462,47 @@ func tcpInfo(t *testing.T, c net.Conn) *unix.TCPInfo {
 	}
 	return ti
 }
+
+// TestIPv6UpstreamOnIPv4OnlyHost: on a host with IPv6 disabled, a connect
+// to an IPv6 upstream fails with EADDRNOTAVAIL, as it does when the host
+// is out of ephemeral ports. It must count as the upstream's failure: its
+// checks fail and mark it unhealthy, and a client's dial gives up on it at
+// once instead of waiting for ports for the whole dial timeout.
+func TestIPv6UpstreamOnIPv4OnlyHost(t *testing.T) {
+	if !inPrivateNetns(t) {
+		return
+	}
+	for _, conf := range []string{"all", "default", "lo"} {
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+conf+"/disable_ipv6", []byte("1"), 0o600); err != nil {
+			t.Fatalf("disable IPv6: %v", err)
+		}
+	}
+	const v6 = "[fd00::5]:6443" // nothing leaves the namespace: it has only loopback
+	res := tcpCheck(t.Context(), v6)
+	if !errors.Is(res.err, syscall.EADDRNOTAVAIL) && !strings.Contains(fmt.Sprint(res.err), "cannot assign requested address") {
+		t.Fatalf("check of %s with IPv6 disabled: got %v; want EADDRNOTAVAIL", v6, res.err)
+	}
+	if isLocalExhaustion(res.err) {
+		t.Errorf("check error %v: taken for local exhaustion; want the upstream's failure", res.err)
+	}
+
+	p := &proxy{dialTimeout: 5 * time.Second, dial: (&net.Dialer{}).DialContext}
+	start := time.Now()
+	_, err := p.dialPatiently(t.Context(), v6)
+	if took := time.Since(start); took > time.Second || err == nil || isLocalExhaustion(err) {
+		t.Errorf("client dial of %s: got %v after %v; want the upstream's failure at once", v6, err, took)
+	}
+
+	// Checks mark it unhealthy.
+	m := newMetrics(prometheus.NewRegistry())
+	pl := newPool(slog.New(slog.DiscardHandler), m, poolConfig{interval: 100 * time.Millisecond, timeout: 50 * time.Millisecond}, tcpCheck, randomSelector{})
+	defer pl.close()
+	pl.update([]string{v6})
+	deadline := time.Now().Add(5 * time.Second)
+	for testutil.ToFloat64(m.healthStatus.WithLabelValues(v6)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still healthy after 5 s of failing checks", v6)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -717,7 +717,7 @@ func (p *proxy) dialUpstream(ctx context.Context, addr string) (net.Conn, error)
 	defer cancel()
 	c, err := p.dial(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial upstream %s: %w", addr, err)
+		return nil, fmt.Errorf("dial upstream %s: %w", addr, unreachableFromHere(ctx, err))
 	}
 	return c, nil
 }
@@ -784,7 +784,9 @@ func (w *workers) stop() {
 }
 
 // isLocalExhaustion reports errors caused by this process or host running
-// out of resources; they say nothing about the upstream.
+// out of resources; they say nothing about the upstream. EADDRNOTAVAIL is
+// one (out of ephemeral ports) unless unreachableFromHere has found that
+// the host has no address or route for the upstream.
 func isLocalExhaustion(err error) bool {
 	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.EADDRNOTAVAIL} {
 		if errors.Is(err, e) {
@@ -792,6 +794,41 @@ func isLocalExhaustion(err error) bool {
 		}
 	}
 	return false
+}
+
+// unreachableFromHere tells apart the two causes of a connect failing with
+// EADDRNOTAVAIL: this host out of ephemeral ports, which says nothing about
+// the upstream, or this host having no source address or route for it,
+// which is the upstream's failure and lasts (an IPv6 upstream on a node
+// with IPv6 disabled). Counted as exhaustion, such an upstream would have
+// its checks skipped and stay healthy for ever. A UDP connect to the same
+// address makes the same route and source choice, sends nothing and takes
+// no TCP port: if it fails too, other than for want of a descriptor, err
+// is returned as an unreachableError. Any other err is returned as it is.
+func unreachableFromHere(ctx context.Context, err error) error {
+	var op *net.OpError
+	if !errors.Is(err, syscall.EADDRNOTAVAIL) || !errors.As(err, &op) || op.Addr == nil || ctx.Err() != nil {
+		return err
+	}
+	var d net.Dialer
+	c, uerr := d.DialContext(ctx, "udp", op.Addr.String())
+	if uerr == nil {
+		_ = c.Close()
+		return err
+	}
+	if isLocalExhaustion(uerr) && !errors.Is(uerr, syscall.EADDRNOTAVAIL) {
+		return err // no descriptor to tell with: assume the local cause
+	}
+	return unreachableError{err}
+}
+
+// unreachableError is a connect error for an address this host has no
+// source address or route for. It does not unwrap, so that it is not taken
+// for local exhaustion.
+type unreachableError struct{ err error }
+
+func (e unreachableError) Error() string {
+	return e.err.Error() + " (this host has no address or route for it)"
 }
 
 // sleepCtx waits d or until ctx is done; it reports whether d elapsed.

@@ -644,6 +644,23 @@ func TestIsLocalExhaustion(t *testing.T) {
 	}
 }
 
+// TestUnreachableFromHereKeepsLocalCause: EADDRNOTAVAIL for an address this
+// host can reach (a UDP connect to it works) is the local cause, out of
+// ephemeral ports, and stays exhaustion; other errors pass unchanged. The
+// other cause is TestIPv6UpstreamOnIPv4OnlyHost.
+func TestUnreachableFromHereKeepsLocalCause(t *testing.T) {
+	portsOut := fmt.Errorf("dial upstream x: %w", &net.OpError{Op: "dial", Net: "tcp",
+		Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 6443}, Err: os.NewSyscallError("connect", syscall.EADDRNOTAVAIL)})
+	refused := &net.OpError{Op: "dial", Net: "tcp", Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 6443},
+		Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	noAddr := os.NewSyscallError("connect", syscall.EADDRNOTAVAIL) // no address to try
+	for _, err := range []error{portsOut, refused, noAddr} {
+		if got := unreachableFromHere(t.Context(), err); got != err {
+			t.Errorf("unreachableFromHere(%v): got %v; want it unchanged", err, got)
+		}
+	}
+}
+
 // goroutineID returns the running goroutine's number, for tests that need
 // to tell whether two tasks ran on the same goroutine.
 func goroutineID() string {
