@@ -85,10 +85,11 @@
 //
 // With --health-check readyz, each successful TCP check continues with an
 // HTTPS GET /readyz on the same connection; two failed probes mark the
-// upstream not ready. New connections prefer ready upstreams (all healthy
-// ones when none is ready), and an unready upstream's connections are closed
-// after --drain-timeout while another upstream is ready. Credentials are
-// re-read on every probe.
+// upstream not ready, or one after a failed connect. New connections prefer
+// ready upstreams (all healthy ones when none is ready), and among those the
+// ones without a failed connect since their last probe; an unready
+// upstream's connections are closed after --drain-timeout while another
+// upstream is ready. Credentials are re-read on every probe.
 //
 // # Health server
 //

@@ -64,6 +64,11 @@ type upstream struct {
 	readyPending bool
 	readyKnown   bool // a probe has run: upstream_ready is exported
 	readyStreak  int
+	// reprobe is set by a failed connect while u stays healthy: it keeps
+	// its readiness, but gets new connections only if no other ready
+	// upstream is free of it, and it is not ready at once if the next
+	// probe fails (see stepReadiness). A passing probe clears it.
+	reprobe bool
 	// evictDone is closed when a pending eviction (closing the connections
 	// of an unready upstream while another is ready) is called off; evicted
 	// is set once it fired, until the condition ends.
@@ -316,7 +321,7 @@ func (p *pool) applyReadyLocked(u *upstream, res checkResult) bool {
 	if u.removed || u.draining {
 		return false
 	}
-	wasReady, wasPending := u.ready, u.readyPending
+	wasReady, wasPending, wasReprobe := u.ready, u.readyPending, u.reprobe
 	if !u.stepReadiness(res) {
 		return false
 	}
@@ -334,7 +339,7 @@ func (p *pool) applyReadyLocked(u *upstream, res checkResult) bool {
 		// reset: either way the operator learns why.
 		u.log.Warn("upstream not ready", "err", cmp.Or(res.err, res.notReady))
 	}
-	return u.ready != wasReady || u.readyPending != wasPending
+	return u.ready != wasReady || u.readyPending != wasPending || u.reprobe != wasReprobe
 }
 
 // stepReadiness applies one check result to u's readiness state and
@@ -345,19 +350,23 @@ func (u *upstream) stepReadiness(res checkResult) bool {
 		// One failed connect leaves the last probe's verdict standing:
 		// resetting it would call off the closing of other upstreams'
 		// connections, and a lost SYN per drain timeout would put that
-		// off for ever.
-		return false
+		// off for ever. Until a probe passes, though, u is the last
+		// choice among the ready (publishLocked), and one failed probe
+		// makes it not ready: an API server that restarted still cut
+		// off from etcd gets no new connections meanwhile.
+		u.reprobe = true
 	case res.err != nil: // unreachable: not ready until a probe passes again
-		u.ready, u.readyPending, u.readyStreak = false, true, 0
+		u.ready, u.readyPending, u.readyStreak, u.reprobe = false, true, 0, false
 	case !res.probed:
 		return false
 	case res.notReady == nil:
-		u.ready, u.readyPending, u.readyStreak = true, false, 0
+		u.ready, u.readyPending, u.readyStreak, u.reprobe = true, false, 0, false
 	default:
 		u.readyStreak++
-		if u.readyPending || u.readyStreak >= failThreshold {
+		if u.readyPending || u.reprobe || u.readyStreak >= failThreshold {
 			u.ready, u.readyPending = false, false
 		}
+		u.reprobe = false
 	}
 	return true
 }
@@ -578,7 +587,12 @@ func (p *pool) publishLocked() {
 		// TCP-healthy one, so losing quorum everywhere degrades to tcp.
 		ready := slices.DeleteFunc(slices.Clone(candidates), func(u *upstream) bool { return !u.ready })
 		p.updateEvictionsLocked(all, len(ready))
-		if len(ready) > 0 {
+		// A ready upstream whose connect failed since its last probe
+		// is used only while no other ready one is left: it still beats
+		// an unready one.
+		if settled := slices.DeleteFunc(slices.Clone(ready), func(u *upstream) bool { return u.reprobe }); len(settled) > 0 {
+			candidates = settled
+		} else if len(ready) > 0 {
 			candidates = ready
 		}
 	}

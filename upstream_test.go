@@ -633,6 +633,9 @@ func TestReadinessStateMachine(t *testing.T) {
 			{true, false, false, false}, // second failure: not ready
 			{false, false, true, false}, // one success: ready again
 			{false, true, true, false},  // one failed connect: still ready
+			{true, false, false, false}, // reachable, the next probe fails: not ready at once
+			{false, false, true, false}, // one success: ready again
+			{false, true, true, false},  // one failed connect: still ready
 			{false, true, false, true},  // unreachable: not ready, pending
 			{true, false, false, false}, // reachable, probe fails: not ready
 			{false, true, false, false}, // one failed connect: unchanged
@@ -653,6 +656,55 @@ func TestReadinessStateMachine(t *testing.T) {
 			if got, want := tp.readyGauge(a), boolGauge(s.want); got != want {
 				t.Errorf("step %d: upstream_ready got %v; want %v", i, got, want)
 			}
+		}
+	})
+}
+
+// TestReadyUpstreamAfterFailedConnect: an upstream whose connect failed
+// once keeps its readiness, but new connections avoid it while another
+// ready upstream has not failed since its probe, until its next probe
+// passes; alone among the ready it still beats an unready one, and other
+// upstreams' evictions go on.
+func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp := newReadyzPool(defaultTestPool)
+		defer tp.close()
+		const a, b, c = "10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443"
+		tp.update([]string{a, b})
+		synctest.Wait()
+		tp.checks.set(a, true) // the next check of a fails to connect
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if got := picks(tp.pool, 200); got[b] != 200 {
+			t.Errorf("a failed one connect: picks %v; want b only", got)
+		}
+		tp.checks.set(a, false)
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
+			t.Errorf("a's next probe passed: picks %v; want both", got)
+		}
+
+		// c is not ready; once b has gone, a is the only ready upstream.
+		tp.checks.setUnready(c, true)
+		tp.update([]string{a, c})
+		synctest.Wait()
+		pc, _, _ := pipeConn()
+		if !tp.connected(tp.upstream(c), pc) {
+			t.Fatal("connected failed")
+		}
+		tp.checks.set(a, true)
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if got := picks(tp.pool, 200); got[a] != 200 {
+			t.Errorf("a, the only ready upstream, failed one connect: picks %v; want a only, not unready c", got)
+		}
+		uc := tp.upstream(c)
+		tp.mu.Lock()
+		evicting := uc.evictDone != nil || uc.evicted
+		tp.mu.Unlock()
+		if !evicting {
+			t.Error("c's connections: eviction called off by a's one failed connect; want it to go on")
 		}
 	})
 }
