@@ -356,6 +356,7 @@ type sliceClient interface {
 // MiB of memory in every node's copy of this daemon.
 type restSliceClient struct {
 	rc     *rest.RESTClient
+	hc     *http.Client // rc's; see dropIdle
 	params runtime.ParameterCodec
 }
 
@@ -371,11 +372,35 @@ func newRESTSliceClient(cfg *rest.Config) (*restSliceClient, error) {
 	c.GroupVersion = &discoveryv1.SchemeGroupVersion
 	c.APIPath = "/apis"
 	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	rc, err := rest.RESTClientFor(&c)
+	hc, err := rest.HTTPClientFor(&c)
 	if err != nil {
 		return nil, err
 	}
-	return &restSliceClient{rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
+	rc, err := rest.RESTClientForConfigAndClient(&c, hc)
+	if err != nil {
+		return nil, err
+	}
+	return &restSliceClient{rc: rc, hc: hc, params: runtime.NewParameterCodec(scheme)}, nil
+}
+
+// dropIdle closes the client's idle connections after a failed request, so
+// that the next one dials the local listener afresh and the proxy picks an
+// upstream for it again. Otherwise every retry would go down the same
+// HTTP/2 connection to the same API server for as long as it answers
+// errors (cut off from etcd, overloaded), however many others are fine.
+func (c *restSliceClient) dropIdle() {
+	rt := c.hc.Transport
+	for rt != nil {
+		if ci, ok := rt.(interface{ CloseIdleConnections() }); ok {
+			ci.CloseIdleConnections()
+			return
+		}
+		w, ok := rt.(interface{ WrappedRoundTripper() http.RoundTripper })
+		if !ok {
+			return
+		}
+		rt = w.WrappedRoundTripper()
+	}
 }
 
 // errWatchNotOpened is a Watch call that failed before a stream opened:
@@ -391,6 +416,7 @@ func (c *restSliceClient) List(ctx context.Context, namespace string, opts metav
 	err := c.rc.Get().MaxRetries(0).Namespace(namespace).Resource("endpointslices").
 		VersionedParams(&opts, c.params).Do(ctx).Into(list)
 	if err != nil {
+		c.dropIdle()
 		return nil, err
 	}
 	return list, nil
@@ -401,10 +427,12 @@ func (c *restSliceClient) Watch(ctx context.Context, namespace string, opts meta
 	w, err := c.rc.Get().MaxRetries(0).Namespace(namespace).Resource("endpointslices").
 		VersionedParams(&opts, c.params).Watch(ctx)
 	if err != nil {
+		c.dropIdle()
 		return nil, err
 	}
 	if _, ok := w.(*watch.StreamWatcher); !ok {
 		w.Stop() // the empty watch client-go returns for a failed request
+		c.dropIdle()
 		return nil, errWatchNotOpened
 	}
 	return w, nil
@@ -587,9 +615,10 @@ type kubeWatcher struct {
 	// be called concurrently.
 	cache           map[string]*discoveryv1.EndpointSlice // by slice name
 	resourceVersion string                                // where the next Watch starts
-	sent            []string                              // last list sent on out
-	hasSent         bool                                  // sent is valid; an empty list may be sent
-	rejected        []string                              // addresses endpointsOf last left out, as warned of
+	sent            []string                              // last list sent on out, never empty
+	hasSent         bool                                  // sent is valid
+	rejected        []string                              // what endpointsOf last left out, as warned of
+	emptyWarned     bool                                  // the slices hold no endpoint, as warned of
 	backoff         watchBackoff
 }
 
@@ -820,9 +849,23 @@ func (w *kubeWatcher) publish(ctx context.Context, out chan<- []string) bool {
 	if !slices.Equal(rejected, w.rejected) {
 		w.rejected = rejected
 		if len(rejected) > 0 {
-			w.log.Warn("ignoring discovered addresses that cannot be API servers", "count", len(rejected), "addresses", rejected[:min(len(rejected), 8)])
+			w.log.Warn("ignoring discovered slices or addresses that cannot be API servers", "count", len(rejected), "ignored", rejected[:min(len(rejected), 8)])
 		}
 	}
+	if len(endpoints) == 0 {
+		// An empty list still came from a live API server, the one
+		// that answered: most likely every API server restarted at
+		// once, each taking itself out of the slice on the way down.
+		// Sent on, it would leave only the static endpoints, the
+		// discovered and cached ones dropped; the last list stays, and
+		// health checks judge its upstreams.
+		if !w.emptyWarned {
+			w.emptyWarned = true
+			w.log.Warn("kubernetes endpoints empty: keeping the last endpoint list until they are back", "slices", len(w.cache))
+		}
+		return true
+	}
+	w.emptyWarned = false
 	if w.hasSent && slices.Equal(endpoints, w.sent) {
 		return true
 	}
@@ -837,18 +880,21 @@ func (w *kubeWatcher) publish(ctx context.Context, out chan<- []string) bool {
 }
 
 // endpointsOf returns the sorted, deduplicated addresses of the ready
-// endpoints in the slices, each with its own slice's port, and the
-// addresses it left out as unusable (see unusableAddr) or over
-// maxDiscoveredEndpoints, each with the reason. The endpoints are never nil.
+// endpoints in the slices, each with its own slice's port, and what it left
+// out, each with the reason: whole slices (not IP addresses, or no port to
+// use), addresses that are unusable (see unusableAddr) or over
+// maxDiscoveredEndpoints. The endpoints are never nil.
 func endpointsOf(cache map[string]*discoveryv1.EndpointSlice) (endpoints, rejected []string) {
 	endpoints = []string{}
-	for _, slice := range cache {
+	for name, slice := range cache {
 		// FQDN slices do not name API server addresses.
 		if slice.AddressType != discoveryv1.AddressTypeIPv4 && slice.AddressType != discoveryv1.AddressTypeIPv6 {
+			rejected = append(rejected, "slice "+quoteShort(name)+" (address type "+quoteShort(string(slice.AddressType))+")")
 			continue
 		}
 		port, ok := slicePort(slice.Ports)
 		if !ok {
+			rejected = append(rejected, "slice "+quoteShort(name)+" (no usable port: none named https, nor a single one)")
 			continue
 		}
 		for _, ep := range slice.Endpoints {

@@ -804,9 +804,12 @@ func TestKubeWatchEvents(t *testing.T) {
 		fw.Delete(kubeSlice("a", "5"))
 		h.expectOut("10.0.0.4:6443")
 
-		// The provider may send an empty list; the merged provider skips it.
+		// No endpoint left: the last list stays (nothing is sent) until
+		// endpoints are back.
 		fw.Delete(kubeSlice("b", "6"))
-		h.expectOut()
+		h.expectNoOut()
+		fw.Add(kubeSlice("c", "7", "10.0.0.9"))
+		h.expectOut("10.0.0.9:6443")
 
 		fw.Error(errorEvent)
 		synctest.Wait()
@@ -1421,7 +1424,7 @@ func TestWatcherWarnsOfRejectedAddressesOnce(t *testing.T) {
 			t.Fatal("publish: got false")
 		}
 	}
-	if got := strings.Count(logs.String(), "ignoring discovered addresses"); got != 1 {
+	if got := strings.Count(logs.String(), "ignoring discovered slices or addresses"); got != 1 {
 		t.Errorf("warnings: got %d; want 1 in %q", got, logs.String())
 	}
 	if !strings.Contains(logs.String(), "169.254.169.254:6443 (link-local address)") {
@@ -1429,5 +1432,64 @@ func TestWatcherWarnsOfRejectedAddressesOnce(t *testing.T) {
 	}
 	if eps := <-out; !slices.Equal(eps, []string{"10.0.0.1:6443"}) {
 		t.Errorf("published %q; want [10.0.0.1:6443]", eps)
+	}
+}
+
+// The watcher keeps the last list when the slices hold no endpoint any
+// more, and warns once: sent on, an empty list would drop every discovered
+// and cached endpoint for the static ones.
+func TestWatcherKeepsLastListWhenEmpty(t *testing.T) {
+	logs := &syncBuffer{}
+	w := newKubeWatcher(nil, slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), func() float64 { return 0 })
+	out := make(chan []string, 4)
+	publish := func() {
+		t.Helper()
+		if !w.publish(t.Context(), out) {
+			t.Fatal("publish: got false")
+		}
+	}
+	w.cache = sliceCache(kubeSlice("kubernetes", "1", "10.0.0.1"))
+	publish()
+	if eps := <-out; !slices.Equal(eps, []string{"10.0.0.1:6443"}) {
+		t.Fatalf("published %q; want [10.0.0.1:6443]", eps)
+	}
+	w.cache = sliceCache(kubeSlice("kubernetes", "2")) // every endpoint gone
+	publish()
+	publish()
+	const warning = "kubernetes endpoints empty: keeping the last endpoint list"
+	if len(out) != 0 {
+		t.Errorf("published %q for empty slices; want nothing", <-out)
+	}
+	if got := strings.Count(logs.String(), warning); got != 1 {
+		t.Errorf("warnings: got %d; want 1 in %q", got, logs.String())
+	}
+	w.cache = sliceCache(kubeSlice("kubernetes", "3", "10.0.0.2"))
+	publish()
+	if eps := <-out; !slices.Equal(eps, []string{"10.0.0.2:6443"}) {
+		t.Errorf("published %q once endpoints were back; want [10.0.0.2:6443]", eps)
+	}
+	w.cache = sliceCache()
+	publish()
+	if got := strings.Count(logs.String(), warning); got != 2 {
+		t.Errorf("warnings after a second time empty: got %d; want 2", got)
+	}
+}
+
+// Slices that endpointsOf cannot use at all are reported with the reason,
+// like unusable addresses.
+func TestEndpointsOfReportsSkippedSlices(t *testing.T) {
+	fqdn := kubeSlice("by-name", "1", "api.example.com")
+	fqdn.AddressType = discoveryv1.AddressTypeFQDN
+	ports := kubeSlice("two-ports", "1", "10.0.0.2")
+	api, metricsPort := int32(6443), int32(9090)
+	apiName, metricsName := "api", "metrics"
+	ports.Ports = []discoveryv1.EndpointPort{{Name: &apiName, Port: &api}, {Name: &metricsName, Port: &metricsPort}}
+	got, rejected := endpointsOf(sliceCache(kubeSlice("kubernetes", "1", "10.0.0.1"), fqdn, ports))
+	if !slices.Equal(got, []string{"10.0.0.1:6443"}) {
+		t.Errorf("endpoints %q; want [10.0.0.1:6443]", got)
+	}
+	want := []string{`slice "by-name" (address type "FQDN")`, `slice "two-ports" (no usable port: none named https, nor a single one)`}
+	if !slices.Equal(rejected, want) {
+		t.Errorf("rejected %q; want %q", rejected, want)
 	}
 }

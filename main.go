@@ -113,7 +113,8 @@
 // keep (discovery leaves out unspecified, link-local, multicast, broadcast
 // and zoned addresses, and keeps at most 64), and so is the cache when
 // discovery cannot start (no credentials, or a --kubeconfig that does not
-// load, which is logged as an error).
+// load, which is logged as an error). Discovery never replaces the list with
+// an empty one: while the slices hold no endpoint, the last list stays.
 //
 // # Metrics
 //

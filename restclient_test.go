@@ -224,6 +224,56 @@ func TestKubeWatcherBacksOffFailedWatchCalls(t *testing.T) {
 	}
 }
 
+// TestRESTSliceClientRedialsAfterFailure: after a failed List or Watch the
+// next request opens a new connection, so that the proxy picks an upstream
+// for it again, instead of reusing the HTTP/2 connection to an API server
+// that answers errors.
+func TestRESTSliceClientRedialsAfterFailure(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"ServiceUnavailable","code":503}`)
+	}))
+	var conns atomic.Int32
+	srv.Config.ConnState = func(_ net.Conn, state http.ConnState) {
+		if state == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	c, err := newRESTSliceClient(&rest.Config{
+		Host: srv.URL,
+		// A transport of its own: client-go shares transports between
+		// clients with the same TLS settings, and the HTTP/2 test
+		// below needs one built with its own timeouts.
+		DisableCompression: true,
+		TLSClientConfig: rest.TLSClientConfig{
+			CAData:     pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}),
+			ServerName: "example.com", // on httptest's certificate
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lists, watches = 3, 2
+	for range lists {
+		if _, err := c.List(t.Context(), "default", metav1.ListOptions{}); err == nil {
+			t.Fatal("List: got no error from a server answering 503")
+		}
+	}
+	for range watches {
+		if w, err := c.Watch(t.Context(), "default", metav1.ListOptions{}); err == nil {
+			w.Stop()
+			t.Fatal("Watch: got no error from a server answering 503")
+		}
+	}
+	if got := conns.Load(); got != lists+watches {
+		t.Errorf("connections for %d failed requests: got %d; want one each", lists+watches, got)
+	}
+}
+
 // TestKubeWatcherLostHTTP2ConnectionIsNoError runs the watch over HTTP/2
 // through a relay that goes silent, as a black-holed path does. client-go's
 // HTTP/2 health check, made quick here, gives the connection up and reports
