@@ -653,8 +653,16 @@ func (cd *connDial) failed(a attempt) {
 		cd.stop = true
 		return
 	}
+	cd.blame(a)
+}
+
+// blame counts the failed dial a against its upstream. A last-resort dial
+// counts in connection_errors_total only while some upstream is available,
+// as the spec has it: in readyz mode that is an unready but healthy
+// upstream dialled after every ready one failed.
+func (cd *connDial) blame(a attempt) {
 	cd.p.pool.reportDial(a.u, a.err)
-	if !a.lastResort {
+	if !a.lastResort || cd.p.pool.ready() {
 		a.u.errs.Inc()
 	}
 	a.u.log.Debug("dial failed", "err", a.err, "last_resort", a.lastResort, "hedged", a.hedged)
@@ -666,9 +674,13 @@ func (cd *connDial) wait() {
 	cd.cancel()
 	for ; cd.inflight > 0; cd.inflight-- {
 		a := <-cd.results
-		if a.err == nil {
+		switch {
+		case a.err == nil:
 			_ = a.conn.Close()
-		} else if cd.won && a.took >= cd.hedgeDelay && !isLocalExhaustion(a.err) {
+		case cd.won && !errors.Is(a.err, context.Canceled) && !isLocalExhaustion(a.err):
+			// It failed on its own, not called off, as another won.
+			cd.blame(a)
+		case cd.won && a.took >= cd.hedgeDelay && !isLocalExhaustion(a.err):
 			// Called off after the hedge delay: not a failure, but the
 			// upstream may have vanished, and a check now starts the sweep
 			// of its connections if so. Whether the dial was the hedge or

@@ -819,6 +819,73 @@ func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 	}
 }
 
+// TestDialFailingAfterAnotherWonIsCounted: a dial that fails on its own
+// (refused, not called off) just after its hedge won is a failure of its
+// upstream like any other, counted in connection_errors_total.
+func TestDialFailingAfterAnotherWonIsCounted(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	checks := newFakeChecks()
+	// A 125 ms connect time makes the hedge delay 500 ms.
+	checks.rtt[a.addr], checks.rtt[b.addr] = 125*time.Millisecond, 125*time.Millisecond
+	var mu sync.Mutex
+	first := ""
+	wrap := func(d dialFunc) dialFunc {
+		return func(ctx context.Context, network, addr string) (net.Conn, error) {
+			mu.Lock()
+			if first == "" {
+				first = addr
+			}
+			isFirst := addr == first
+			mu.Unlock()
+			if isFirst { // refused late, and deaf to being called off
+				time.Sleep(700 * time.Millisecond)
+				return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+			}
+			return d(ctx, network, addr)
+		}
+	}
+	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
+	waitFor(t, "a 500 ms hedge delay", func() bool { return px.pool.snap.Load().hedgeDelay == 500*time.Millisecond })
+	if err := roundTrip(dialProxy(t, px.addr), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	lost := first
+	mu.Unlock()
+	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(lost)); got != 1 {
+		t.Errorf("connection_errors_total{upstream=%s} after its dial was refused as the hedge won: got %v; want 1", lost, got)
+	}
+}
+
+// TestLastResortFailureCountedWhileUpstreamsAvailable: in readyz mode an
+// unready but healthy upstream is dialled as a last resort once every
+// ready one has failed; some upstream was available, so its failure
+// counts, as the spec has it.
+func TestLastResortFailureCountedWhileUpstreamsAvailable(t *testing.T) {
+	ready, unready := deadAddr(t), deadAddr(t)
+	check := func(_ context.Context, addr string) checkResult {
+		if addr == unready {
+			return checkResult{probed: true, notReady: errors.New("test: not ready")}
+		}
+		return checkResult{probed: true}
+	}
+	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second, readyz: true}, check, nil, ready, unready)
+	waitFor(t, "one upstream ready, one not", func() bool {
+		return testutil.ToFloat64(px.m.upstreamReady.WithLabelValues(ready)) == 1 &&
+			testutil.ToFloat64(px.m.upstreamReady.WithLabelValues(unready)) == 0
+	})
+	c := dialProxy(t, px.addr)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("read: got a byte through two refusing upstreams")
+	}
+	for _, addr := range []string{ready, unready} {
+		if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(addr)); got != 1 {
+			t.Errorf("connection_errors_total{upstream=%s}: got %v; want 1", addr, got)
+		}
+	}
+}
+
 // waitThen returns a dial step that waits d, or until ctx is done.
 func waitThen(d time.Duration) func(context.Context) error {
 	return func(ctx context.Context) error {
