@@ -67,6 +67,27 @@ func startMain(t *testing.T, args ...string) *mainChild {
 	return mc
 }
 
+// logSeen returns a channel closed once the child logs a line containing
+// text; the rest of its log is then read and dropped, so the child never
+// blocks on a full pipe.
+func (mc *mainChild) logSeen(text string) <-chan struct{} {
+	seen := make(chan struct{})
+	go func() {
+		for {
+			line, err := mc.logs.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if strings.Contains(line, text) {
+				close(seen)
+				_, _ = io.Copy(io.Discard, mc.logs)
+				return
+			}
+		}
+	}()
+	return seen
+}
+
 // runMainIfChild runs main and reports true in the copy startMain starts.
 func runMainIfChild() bool {
 	args := os.Getenv(mainArgsEnv)
@@ -136,20 +157,7 @@ func TestSecondSignalEndsShutdown(t *testing.T) {
 	if _, err := io.WriteString(slow, "GET /healthz HTTP/1.1\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	shuttingDown := make(chan struct{})
-	go func() {
-		for {
-			line, err := mc.logs.ReadString('\n')
-			if err != nil {
-				return
-			}
-			if strings.Contains(line, `"msg":"shutting down"`) {
-				close(shuttingDown)
-				_, _ = io.Copy(io.Discard, mc.logs)
-				return
-			}
-		}
-	}()
+	shuttingDown := mc.logSeen(`"msg":"shutting down"`)
 	exited := make(chan error, 1)
 	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -192,20 +200,7 @@ func TestHangupIsIgnored(t *testing.T) {
 		return
 	}
 	mc := startMain(t, "--endpoints", deadAddr(t))
-	logged := make(chan struct{})
-	go func() {
-		for {
-			line, err := mc.logs.ReadString('\n')
-			if err != nil {
-				return
-			}
-			if strings.Contains(line, `"msg":"SIGHUP ignored`) {
-				close(logged)
-				_, _ = io.Copy(io.Discard, mc.logs)
-				return
-			}
-		}
-	}()
+	logged := mc.logSeen(`"msg":"SIGHUP ignored`)
 	for range 2 {
 		if err := mc.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
