@@ -573,6 +573,8 @@ func readyWord(s upstreamStatus) string {
 		return "-"
 	case s.ReadyPending:
 		return "pending"
+	case *s.Ready && s.AwaitingProbe:
+		return "ready-awaiting-probe"
 	case *s.Ready:
 		return "ready"
 	default:

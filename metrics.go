@@ -42,9 +42,10 @@ const (
 	labelUpstream   = "upstream"
 	labelProvider   = "provider"
 
-	// The reasons of healthConnsClosed: a connection waiting without a
-	// request in progress, closed to make room for a new one, or the new
-	// one, closed because no connection could be.
+	// The reasons of healthConnsClosed: an open connection closed to make
+	// room for a new one (idle, new for over a second, or inside a request
+	// for over 3 s: see connLimiter.closableAt), or the new one, closed
+	// because no connection could be.
 	reasonWaiting = "waiting"
 	reasonNew     = "new"
 )
@@ -153,7 +154,7 @@ func (m *metrics) addBeyondSpec() {
 	}, []string{"version", "revision", "goversion"})
 	m.healthConnsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricNamespace, Name: "health_connections_closed_total",
-		Help: "Health server connections closed at its connection limit: reason=waiting, an open one without a request in progress, closed to make room; reason=new, a new one, closed because none could be.",
+		Help: "Health server connections closed at its connection limit: reason=waiting, an open one closed to make room (idle, silent for over a second since it opened, or inside a request for over 3 s); reason=new, a new one, closed because none could be.",
 	}, []string{"reason"})
 	// Both series exist from the start, so that a rate over them works
 	// before the first closing.

@@ -815,8 +815,9 @@ func isLocalExhaustion(err error) bool {
 // with IPv6 disabled). Counted as exhaustion, such an upstream would have
 // its checks skipped and stay healthy for ever. A UDP connect to the same
 // address makes the same route and source choice, sends nothing and takes
-// no TCP port: if it fails too, other than for want of a descriptor, err
-// is returned as an unreachableError. Any other err is returned as it is.
+// no TCP port: if it fails too, other than for want of a descriptor or of
+// a UDP port (EAGAIN), err is returned as an unreachableError. Any other
+// err is returned as it is.
 func unreachableFromHere(ctx context.Context, err error) error {
 	var op *net.OpError
 	if !errors.Is(err, syscall.EADDRNOTAVAIL) || !errors.As(err, &op) || op.Addr == nil || ctx.Err() != nil {
@@ -828,8 +829,8 @@ func unreachableFromHere(ctx context.Context, err error) error {
 		_ = c.Close()
 		return err
 	}
-	if isLocalExhaustion(uerr) && !errors.Is(uerr, syscall.EADDRNOTAVAIL) {
-		return err // no descriptor to tell with: assume the local cause
+	if errors.Is(uerr, syscall.EAGAIN) || isLocalExhaustion(uerr) && !errors.Is(uerr, syscall.EADDRNOTAVAIL) {
+		return err // no descriptor or UDP port to tell with: assume the local cause
 	}
 	return unreachableError{err}
 }

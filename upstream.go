@@ -690,12 +690,15 @@ func (p *pool) responsive() {
 
 // upstreamStatus is what /upstreams shows of one upstream.
 type upstreamStatus struct {
-	Address       string     `json:"address"`
-	Sources       []string   `json:"sources"`
-	Healthy       bool       `json:"healthy"`
-	FailStreak    int        `json:"fail_streak"`
-	Ready         *bool      `json:"ready,omitempty"` // readyz mode, after the first probe
-	ReadyPending  bool       `json:"ready_pending,omitempty"`
+	Address      string   `json:"address"`
+	Sources      []string `json:"sources"`
+	Healthy      bool     `json:"healthy"`
+	FailStreak   int      `json:"fail_streak"`
+	Ready        *bool    `json:"ready,omitempty"` // readyz mode, after the first probe
+	ReadyPending bool     `json:"ready_pending,omitempty"`
+	// A connect failed since the last probe: still ready, but new
+	// connections avoid it until a probe passes (see upstream.reprobe).
+	AwaitingProbe bool       `json:"awaiting_probe,omitempty"`
 	RTTSeconds    *float64   `json:"rtt_seconds,omitempty"`
 	Tier          *int       `json:"tier,omitempty"` // latency mode
 	Connections   int        `json:"connections"`
@@ -729,7 +732,7 @@ func (p *pool) statusLocked(u *upstream, sources []string) upstreamStatus {
 	}
 	if p.cfg.readyz && u.readyKnown {
 		ready := u.ready
-		st.Ready, st.ReadyPending = &ready, u.readyPending
+		st.Ready, st.ReadyPending, st.AwaitingProbe = &ready, u.readyPending, u.ready && u.reprobe
 	}
 	if u.hasRTT {
 		rtt := u.rtt.Seconds()

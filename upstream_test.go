@@ -678,11 +678,17 @@ func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
 		if got := picks(tp.pool, 200); got[b] != 200 {
 			t.Errorf("a failed one connect: picks %v; want b only", got)
 		}
+		if got := readyWord(tp.describe(nil)[0]); got != "ready-awaiting-probe" {
+			t.Errorf("a's readiness in /upstreams after a failed connect: got %q; want ready-awaiting-probe", got)
+		}
 		tp.checks.set(a, false)
 		time.Sleep(20 * time.Second)
 		synctest.Wait()
 		if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
 			t.Errorf("a's next probe passed: picks %v; want both", got)
+		}
+		if got := readyWord(tp.describe(nil)[0]); got != "ready" {
+			t.Errorf("a's readiness in /upstreams after its probe passed: got %q; want ready", got)
 		}
 
 		// c is not ready; once b has gone, a is the only ready upstream.
