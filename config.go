@@ -450,7 +450,7 @@ func flagError(name, format string, args ...any) error {
 func (c *config) checkOwnListener() error {
 	var listens []string
 	port := strconv.Itoa(c.BindPort)
-	if strings.EqualFold(c.BindAddress, "localhost") {
+	if strings.EqualFold(strings.TrimSuffix(c.BindAddress, "."), "localhost") {
 		listens = []string{net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port)}
 	} else if _, err := netip.ParseAddr(c.BindAddress); err == nil {
 		listens = []string{net.JoinHostPort(c.BindAddress, port)}
@@ -485,7 +485,7 @@ func ownListener(endpoint, listen string, local []netip.Addr) bool {
 		return false
 	}
 	var ips []netip.Addr
-	if strings.EqualFold(host, "localhost") {
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
 		ips = []netip.Addr{netip.IPv6Loopback(), netip.AddrFrom4([4]byte{127, 0, 0, 1})}
 	} else if ip, err := netip.ParseAddr(host); err == nil {
 		ips = []netip.Addr{ip.Unmap()}
@@ -610,6 +610,9 @@ func splitEndpoint(s string) (host string, port uint64, err error) {
 	if host == "" {
 		return "", 0, fmt.Errorf("endpoint %s: empty host", quoteShort(s))
 	}
+	if strings.HasPrefix(s, "[") && !strings.Contains(host, ":") {
+		return "", 0, fmt.Errorf("endpoint %s: brackets are only for IPv6 addresses, as in [fd00::1]:6443", quoteShort(s))
+	}
 	port, err = strconv.ParseUint(portText, 10, 16)
 	if err != nil || port == 0 {
 		return "", 0, fmt.Errorf("endpoint %s: port must be a number in 1-65535, got %s", quoteShort(s), quoteShort(portText))
@@ -626,8 +629,10 @@ func validHost(s string) bool {
 }
 
 // validHostname reports whether s is an RFC 1123 hostname: at most 253
-// characters of dot-separated labels, in any case.
+// characters of dot-separated labels, in any case. One trailing dot, which
+// marks a fully qualified name (RFC 1035), is allowed.
 func validHostname(s string) bool {
+	s = strings.TrimSuffix(s, ".")
 	if s == "" || len(s) > 253 {
 		return false
 	}

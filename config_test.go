@@ -338,6 +338,11 @@ func TestNormalizeEndpoint(t *testing.T) {
 		{in: "[fe80::1%eth0]:6443", want: "[fe80::1%eth0]:6443"},
 		{in: "cp-1:6443", want: "cp-1:6443"},
 		{in: "API.Example.COM:6443", want: "api.example.com:6443"},
+		{in: "api.example.com.:6443", want: "api.example.com.:6443"}, // fully qualified
+		{in: "api.example.com..:6443", wantErr: true},
+		{in: ".:6443", wantErr: true},
+		{in: "[10.0.0.1]:6443", wantErr: true}, // brackets are for IPv6
+		{in: "[api.example.com]:6443", wantErr: true},
 		{in: "10.0.0.1:06443", want: "10.0.0.1:6443"},
 		{in: "10.0.0.1:65535", want: "10.0.0.1:65535"},
 		{in: "10.0.0.1:1", want: "10.0.0.1:1"},
@@ -755,6 +760,7 @@ func TestOwnListener(t *testing.T) {
 		{"127.0.0.2:7445", "127.0.0.1:7445", false}, // refused, not a loop
 		{"0.0.0.0:7445", "127.0.0.1:7445", true},    // Linux dials 0.0.0.0 as this host
 		{"localhost:7445", "127.0.0.1:7445", true},
+		{"localhost.:7445", "127.0.0.1:7445", true}, // fully qualified
 		{"LOCALHOST:7445", "[::1]:7445", true},
 		{"[::ffff:127.0.0.1]:7445", "127.0.0.1:7445", true},
 		{"[::1]:7445", "[::]:7445", true},

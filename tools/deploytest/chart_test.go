@@ -473,6 +473,16 @@ func TestTemplatePortBySet(t *testing.T) {
 	}
 }
 
+// TestTemplateAcceptsFullyQualifiedNames: a hostname with a trailing dot,
+// which the daemon accepts, passes the schema as endpoint and address.
+func TestTemplateAcceptsFullyQualifiedNames(t *testing.T) {
+	m := render(t, map[string]any{"endpoints": []string{"api.example.com.:6443"}, "bindAddress": "localhost."})
+	env := envValues(t, container(t, m))
+	if env["EP_ENDPOINTS"] != "api.example.com.:6443" || env["EP_BIND_ADDRESS"] != "localhost." {
+		t.Errorf("EP_ENDPOINTS=%q EP_BIND_ADDRESS=%q; want the fully qualified names", env["EP_ENDPOINTS"], env["EP_BIND_ADDRESS"])
+	}
+}
+
 // TestTemplateRejects checks that values the daemon would refuse, or that
 // make no sense together, stop the render with a message saying why.
 func TestTemplateRejects(t *testing.T) {
@@ -489,6 +499,7 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "endpoint without port", values: map[string]any{"endpoints": []string{"192.0.2.11"}}, want: []string{"'/endpoints/0'", "does not match pattern"}},
 		{name: "endpoint with scheme", values: map[string]any{"endpoints": []string{"https://192.0.2.11:6443"}}, want: []string{"'/endpoints/0'", "does not match pattern"}},
 		{name: "IPv6 endpoint without brackets", values: map[string]any{"endpoints": []string{"2001:db8::11:6443"}}, want: []string{"'/endpoints/0'", "does not match pattern"}},
+		{name: "IPv4 endpoint in brackets", values: map[string]any{"endpoints": []string{"[192.0.2.11]:6443"}}, want: []string{"'/endpoints/0'", "does not match pattern"}},
 		{name: "endpoint port out of range", values: map[string]any{"endpoints": []string{"192.0.2.11:65536"}}, want: []string{"'/endpoints/0'", "does not match pattern"}},
 		{name: "endpoints as one string", values: map[string]any{"endpoints": "192.0.2.11:6443,192.0.2.12:6443"}, want: []string{"'/endpoints'", "want array"}},
 		{name: "duration without unit", values: withEndpoints(map[string]any{"healthInterval": "20"}), want: []string{"'/healthInterval'", "does not match pattern"}},
