@@ -439,7 +439,9 @@ func TestValidHost(t *testing.T) {
 		{"-node", false},
 		{"node-", false},
 		{"a..b", false},
-		{"example.com.", false},
+		{"example.com.", true}, // fully qualified
+		{"example.com..", false},
+		{".", false},
 		{"node_1", false},
 		{"node 1", false},
 		{"[::1]", false},
