@@ -450,7 +450,7 @@ func flagError(name, format string, args ...any) error {
 func (c *config) checkOwnListener() error {
 	var listens []string
 	port := strconv.Itoa(c.BindPort)
-	if strings.EqualFold(strings.TrimSuffix(c.BindAddress, "."), "localhost") {
+	if isLocalhost(c.BindAddress) {
 		listens = []string{net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port)}
 	} else if _, err := netip.ParseAddr(c.BindAddress); err == nil {
 		listens = []string{net.JoinHostPort(c.BindAddress, port)}
@@ -485,7 +485,7 @@ func ownListener(endpoint, listen string, local []netip.Addr) bool {
 		return false
 	}
 	var ips []netip.Addr
-	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+	if isLocalhost(host) {
 		ips = []netip.Addr{netip.IPv6Loopback(), netip.AddrFrom4([4]byte{127, 0, 0, 1})}
 	} else if ip, err := netip.ParseAddr(host); err == nil {
 		ips = []netip.Addr{ip.Unmap()}
@@ -618,6 +618,11 @@ func splitEndpoint(s string) (host string, port uint64, err error) {
 		return "", 0, fmt.Errorf("endpoint %s: port must be a number in 1-65535, got %s", quoteShort(s), quoteShort(portText))
 	}
 	return host, port, nil
+}
+
+// isLocalhost reports whether host names localhost, fully qualified or not.
+func isLocalhost(host string) bool {
+	return strings.EqualFold(strings.TrimSuffix(host, "."), "localhost")
 }
 
 // validHost reports whether s is an IP address or an RFC 1123 hostname.

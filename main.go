@@ -55,8 +55,8 @@
 // idle connection holds only its sockets), and by the memory limit of its
 // cgroup or of one above it, less 24 MiB, each counting 32 KiB (never below
 // 64); at the bound new clients wait in the listen backlog. Accept errors
-// such as EMFILE back off and retry. An endpoint that is the proxy's own listener is refused in
-// --endpoints and dropped from every other source.
+// such as EMFILE back off and retry. An endpoint that is the proxy's own
+// listener is refused in --endpoints and dropped from every other source.
 //
 // # Upstream health
 //

@@ -690,15 +690,13 @@ func (p *pool) responsive() {
 
 // upstreamStatus is what /upstreams shows of one upstream.
 type upstreamStatus struct {
-	Address      string   `json:"address"`
-	Sources      []string `json:"sources"`
-	Healthy      bool     `json:"healthy"`
-	FailStreak   int      `json:"fail_streak"`
-	Ready        *bool    `json:"ready,omitempty"` // readyz mode, after the first probe
-	ReadyPending bool     `json:"ready_pending,omitempty"`
-	// A connect failed since the last probe: still ready, but new
-	// connections avoid it until a probe passes (see upstream.reprobe).
-	AwaitingProbe bool       `json:"awaiting_probe,omitempty"`
+	Address       string     `json:"address"`
+	Sources       []string   `json:"sources"`
+	Healthy       bool       `json:"healthy"`
+	FailStreak    int        `json:"fail_streak"`
+	Ready         *bool      `json:"ready,omitempty"` // readyz mode, after the first probe
+	ReadyPending  bool       `json:"ready_pending,omitempty"`
+	AwaitingProbe bool       `json:"awaiting_probe,omitempty"` // ready, but avoided after a failed connect (upstream.reprobe)
 	RTTSeconds    *float64   `json:"rtt_seconds,omitempty"`
 	Tier          *int       `json:"tier,omitempty"` // latency mode
 	Connections   int        `json:"connections"`
