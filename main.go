@@ -316,6 +316,7 @@ func (r *memoryRelease) due(now time.Time, open, peak int) bool {
 func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
+	registerRuntimeMetrics(reg)
 	var sel selector = randomSelector{}
 	if cfg.UpstreamSelection == selectLatency {
 		sel = newLatencySelector(m)

@@ -224,3 +224,56 @@ func TestHangupIsIgnored(t *testing.T) {
 		t.Errorf("the copy did not run main:\n%s", mc.stdout.String())
 	}
 }
+
+// TestRunExportsProcessMetrics checks the standard process_ and go_ series
+// on /metrics against what the process is doing: the daemon runs in this
+// test's process, so held connections show in its open descriptors and
+// goroutines, and the descriptor limit is this process's.
+func TestRunExportsProcessMetrics(t *testing.T) {
+	up := startUpstream(t, echo)
+	d := startDaemon(t, nil, "--endpoints", up.addr)
+	waitFor(t, "/readyz to pass", func() bool {
+		code, _ := httpGet(d.healthBase + "/readyz")
+		return code == http.StatusOK
+	})
+	_, before := httpGet(d.healthBase + "/metrics")
+	const held = 5
+	for range held {
+		c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		if err := roundTrip(c, []byte("held")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, during := httpGet(d.healthBase + "/metrics")
+
+	// Each held connection is a client socket here, two in the proxy and
+	// one in the upstream, and two copy goroutines in the proxy.
+	for _, tt := range []struct {
+		series   string
+		minDelta float64
+	}{
+		{"process_open_fds", 4 * held},
+		{"go_goroutines", 2 * held},
+	} {
+		b, a := exhMetric(before, tt.series), exhMetric(during, tt.series)
+		if b <= 0 || a-b < tt.minDelta {
+			t.Errorf("%s: %v before and %v with %d connections held; want it positive and up by %v or more", tt.series, b, a, held, tt.minDelta)
+		}
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if got := exhMetric(during, "process_max_fds"); got != float64(lim.Cur) {
+		t.Errorf("process_max_fds %v; want the open-files limit %d", got, lim.Cur)
+	}
+	for _, series := range []string{"process_resident_memory_bytes", "process_cpu_seconds_total", "go_memstats_heap_inuse_bytes"} {
+		if v := exhMetric(during, series); v <= 0 {
+			t.Errorf("%s is %v; want a positive value", series, v)
+		}
+	}
+}

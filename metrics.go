@@ -162,6 +162,24 @@ func (m *metrics) addBeyondSpec() {
 	m.healthConnsClosed.WithLabelValues(reasonNew)
 }
 
+// registerRuntimeMetrics registers the standard process_ and go_ metrics on
+// reg: resident memory, open and allowed descriptors, CPU time, goroutines,
+// heap and collector figures. They are what an operator alerts on for a
+// daemon on every node (a leak shows there before the node does), and what
+// dashboards built for any Go service already chart.
+//
+// The constructors of the prometheus package are used rather than their
+// twins in prometheus/collectors, which build the same collectors but also
+// hold the database/sql one, and so would link database/sql into the binary.
+func registerRuntimeMetrics(reg prometheus.Registerer) {
+	reg.MustRegister(
+		//nolint:staticcheck // see above: the collectors package links database/sql
+		prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}),
+		//nolint:staticcheck // see above
+		prometheus.NewGoCollector(),
+	)
+}
+
 // forgetUpstream deletes every per-upstream series of addr. It is called once
 // an upstream has drained and left the pool, as the spec requires.
 func (m *metrics) forgetUpstream(addr string) {

@@ -114,11 +114,13 @@ func parseDesc(d *prometheus.Desc) (string, []string, error) {
 	return name[1], names, nil
 }
 
-// registeredMetrics returns the metrics newMetrics registers, by name.
+// registeredMetrics returns the metrics the daemon registers, by name:
+// its own and the standard process_ and go_ ones.
 func registeredMetrics(t *testing.T) map[string]registeredMetric {
 	t.Helper()
 	rec := newDescRecorder()
 	newMetrics(rec)
+	registerRuntimeMetrics(rec)
 	if len(rec.metrics) == 0 {
 		t.Fatal("newMetrics registered no metric")
 	}
@@ -132,6 +134,7 @@ func TestObservabilityRecorderSeesEveryMetric(t *testing.T) {
 	recorded := registeredMetrics(t)
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
+	registerRuntimeMetrics(reg)
 	// Vectors are gathered only once they have a child.
 	m.dialSeconds.WithLabelValues("192.0.2.1:6443").Observe(0.01)
 	m.connectionErrors.WithLabelValues("192.0.2.1:6443").Inc()
@@ -153,10 +156,10 @@ func TestObservabilityRecorderSeesEveryMetric(t *testing.T) {
 	}
 }
 
-// metricSelector matches a metric name and the label matchers right after
-// it, if any.
+// metricSelector matches a metric name, the daemon's own or a standard
+// process_ or go_ one, and the label matchers right after it, if any.
 var (
-	metricSelector = regexp.MustCompile(`(extractedprism_[a-z0-9_]+)(\{[^}]*\})?`)
+	metricSelector = regexp.MustCompile(`\b((?:extractedprism|process|go)_[a-z0-9_]+)(\{[^}]*\})?`)
 	labelMatcher   = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)`)
 )
 
@@ -231,6 +234,9 @@ func TestObservabilityQueryCheck(t *testing.T) {
 		{"own label", `extractedprism_discovery_errors_total{provider="kubernetes", job="x"}`, false, ""},
 		{"instance filter present", `extractedprism_connections_active{instance=~"$instance"}`, true, ""},
 		{"instance filter missing", `sum(extractedprism_connections_active)`, true, "extractedprism_connections_active lacks the selector " + instanceFilter},
+		{"process metric", `process_open_fds{instance=~"$instance"} / process_max_fds{instance=~"$instance"}`, true, ""},
+		{"misspelt process metric", `process_open_fd`, false, "process_open_fd is not a registered metric"},
+		{"go metric with a made-up label", `go_goroutines{upstream="a"}`, false, "go_goroutines has no label upstream"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -327,6 +333,11 @@ var dashboardMustShow = map[string]string{
 	"extractedprism_discovery_updates_total":        "discovery updates",
 	"extractedprism_discovery_errors_total":         "discovery errors",
 	"extractedprism_upstream_dial_duration_seconds": "dial latency",
+	"process_resident_memory_bytes":                 "memory",
+	"process_open_fds":                              "descriptors",
+	"process_max_fds":                               "descriptor limit",
+	"process_cpu_seconds_total":                     "CPU",
+	"go_goroutines":                                 "goroutines",
 }
 
 func TestObservabilityDashboard(t *testing.T) {
@@ -413,7 +424,9 @@ func TestObservabilityDashboard(t *testing.T) {
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(registered)) {
-		if !used[name] {
+		// Of the standard process_ and go_ metrics, the dashboard shows
+		// those in dashboardMustShow; the rest are there for ad hoc queries.
+		if !used[name] && strings.HasPrefix(name, metricNamespace+"_") {
 			t.Errorf("no dashboard query uses %s; a metric without a panel goes unseen", name)
 		}
 	}
