@@ -435,7 +435,7 @@ func waitBackoff(t *testing.T, c net.Conn, n uint8, limit time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(limit)
 	for {
-		ti := tcpInfo(t, c)
+		ti := mustTCPInfo(t, c)
 		if ti.Backoff >= n {
 			return
 		}
@@ -446,19 +446,11 @@ func waitBackoff(t *testing.T, c net.Conn, n uint8, limit time.Duration) {
 	}
 }
 
-func tcpInfo(t *testing.T, c net.Conn) *unix.TCPInfo {
+func mustTCPInfo(t *testing.T, c net.Conn) *unix.TCPInfo {
 	t.Helper()
-	rc, err := c.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ti *unix.TCPInfo
-	var serr error
-	if err := rc.Control(func(fd uintptr) { ti, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
-		t.Fatal(err)
-	}
-	if serr != nil {
-		t.Fatal(serr)
+	ti, ok := tcpInfo(c)
+	if !ok {
+		t.Fatal("no TCP_INFO: not a TCP socket, or closed")
 	}
 	return ti
 }

@@ -479,40 +479,86 @@ type session struct {
 	u       *upstream
 	pc      *proxyConn
 	running atomic.Int32 // directions still copying
+	// torn is set by the direction that tears the connection down after
+	// an error; the other one then leaves the sockets to it.
+	torn atomic.Bool
+	// yielded is set by a direction that stopped on its broken
+	// destination, leaving the teardown to the other direction: that one
+	// then reads the broken socket's last bytes and an end that may look
+	// clean, as the error went to the stopped direction's write.
+	yielded atomic.Bool
 }
 
 // copy copies one direction; the last direction to finish ends the
 // connection. A clean end of src is passed on as a half-close of dst while
 // the other direction goes on; once both have ended, closing the sockets
-// sends the FINs, one system call fewer. An error tears down both sockets
-// so the other direction ends too. Neither socket is wrapped in anything:
-// copyStream needs the *net.TCPConn itself to wait on it and to splice.
+// sends the FINs, one system call fewer. An error ends the connection as
+// failed says. Neither socket is wrapped in anything: copyStream needs the
+// *net.TCPConn itself to wait on it and to splice.
 func (s *session) copy(dst, src net.Conn) {
-	if err := copyStream(dst, src); err != nil {
-		s.failed(err) // counted before the client can see the close
-		_ = dst.Close()
-		_ = src.Close()
+	if err := copyStream(dst, src); err != nil || s.yielded.Load() {
+		s.failed(err, dst, src)
 	} else if s.running.Load() > 1 {
 		closeWrite(dst)
 	}
 	if s.running.Add(-1) > 0 {
 		return
 	}
+	if s.yielded.Load() {
+		s.tearDown() // the other direction ended before it saw the yield
+	}
 	s.p.m.connectionsActive.Dec()
 	s.p.end(s.u, s.pc)
 }
 
-// failed notes why a copy ended in err. (It is a function of its own to
-// keep copy's frame small; see smallCopy.)
-func (s *session) failed(err error) {
+// failed handles a copy from src to dst that ended in err, or that ended
+// after the other direction yielded (err may then be nil). (It is a
+// function of its own to keep copy's frame small; see smallCopy.)
+//
+// What the proxy has accepted from one peer reaches the other if that one
+// is still there, as it would on a direct connection, where bytes the
+// kernel acknowledged stay readable after a reset. So a direction whose
+// destination broke (reset or timed out) yields while the other one runs:
+// that one still has the broken socket's last bytes to deliver, and ends
+// on its error, or on an end that looks clean when this direction's write
+// took the error. Otherwise the connection is torn down (see tearDown).
+func (s *session) failed(err error, dst, src net.Conn) {
 	if errors.Is(err, syscall.ETIMEDOUT) {
 		// The kernel gave up on a peer that stopped answering: keepalive
 		// or TCP_USER_TIMEOUT, sooner while the upstream is suspect.
+		// Counted before the client can see the close.
 		if !s.pc.dead.Swap(true) {
 			s.p.m.deadConnsClosed.Inc()
 			s.u.log.Debug("connection to vanished peer closed", "err", err)
 		}
 	}
+	if s.torn.Load() {
+		return
+	}
+	if s.running.Load() > 1 && connBroken(dst) && !connBroken(src) {
+		s.yielded.Store(true)
+		return
+	}
+	s.tearDown()
+}
+
+// tearDown ends a failed connection, once: a broken socket closes at once,
+// which ends the copy still reading it; a live one first gets what is
+// queued on it, then a reset, which passes on that the connection failed
+// (a FIN would pass a cut-off answer for a whole one). See flushThenReset.
+func (s *session) tearDown() {
+	if !s.torn.CompareAndSwap(false, true) {
+		return
+	}
+	var live []net.Conn
+	for _, c := range []net.Conn{s.pc.client, s.pc.upstream} {
+		if connBroken(c) {
+			_ = c.Close()
+		} else {
+			live = append(live, c)
+		}
+	}
+	flushThenReset(live...)
 }
 
 // prepareClient sets TCP_USER_TIMEOUT on an accepted client socket, the one

@@ -4,11 +4,14 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"net"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -497,4 +500,140 @@ func settledStacks() (uint64, int) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return ms.StackInuse, runtime.NumGoroutine()
+}
+
+// answerThenReset is an upstream that reads a request of reqSize bytes,
+// answers with size bytes, waits until its kernel has had every byte of
+// the answer acknowledged (by the proxy), and then resets the connection.
+func answerThenReset(reqSize, size int, acked chan<- bool) func(net.Conn) {
+	return func(c net.Conn) {
+		if _, err := io.ReadFull(c, make([]byte, reqSize)); err != nil {
+			return // a health check
+		}
+		if _, err := c.Write(make([]byte, size)); err != nil {
+			acked <- false
+			return
+		}
+		ok := false
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if ti, _ := tcpInfo(c); ti != nil && ti.Unacked == 0 && ti.Notsent_bytes == 0 {
+				ok = true
+				break
+			}
+		}
+		acked <- ok
+		_ = c.(*net.TCPConn).SetLinger(0)
+		_ = c.Close()
+	}
+}
+
+// TestUpstreamResetDeliversAcceptedAnswer: an upstream answers, and after
+// the proxy has acknowledged the whole answer, resets the connection (an
+// API server that dies, or an HTTP server closing with the request body
+// unread). The client, slow to read, must still get the whole answer, as
+// it would connected directly, and then the reset, not a clean end that
+// would pass a cut answer for a whole one. Closing both sockets on the
+// upstream's error lost what the client socket still had queued, and the
+// client's bytes still unread there turned that close into a reset too.
+func TestUpstreamResetDeliversAcceptedAnswer(t *testing.T) {
+	const size = 1 << 20
+	for _, tt := range []struct {
+		name string
+		// keepSending: the client goes on sending while the upstream
+		// answers, so the proxy's write to the upstream fails first.
+		keepSending bool
+	}{
+		{"client idle", false},
+		{"client still sending", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			acked := make(chan bool, 1)
+			up := startUpstream(t, answerThenReset(10, size, acked))
+			px := startProxy(t, poolConfig{}, up.addr)
+			c, err := net.DialTimeout("tcp", px.addr, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Write(make([]byte, 10)); err != nil {
+				t.Fatal(err)
+			}
+			if tt.keepSending {
+				go func() {
+					for range 500 {
+						if _, err := c.Write(make([]byte, 1000)); err != nil {
+							return
+						}
+						time.Sleep(time.Millisecond)
+					}
+				}()
+			}
+			if !<-acked {
+				t.Fatal("the upstream's answer was not acknowledged within 5 s")
+			}
+			time.Sleep(300 * time.Millisecond) // the reset reaches the proxy first
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			n, err := io.Copy(io.Discard, c)
+			if n != size {
+				t.Errorf("client read %d of the %d bytes the upstream had delivered before its reset", n, size)
+			}
+			// With the client sending, the proxy's write to the upstream
+			// may take the reset, and the copy reading the upstream then
+			// sees a plain end: if it sees it before the failed write has
+			// yielded, it passes on a FIN. Every byte still arrives, and
+			// the reset follows; telling the two ends apart would cost a
+			// system call on every connection's normal end.
+			if !errors.Is(err, syscall.ECONNRESET) && (!tt.keepSending || err != nil) {
+				t.Errorf("client read ended with %v; want the upstream's reset passed on (ECONNRESET)", err)
+			}
+			waitFor(t, "the connection to be closed", func() bool { return testutil.ToFloat64(px.m.connectionsActive) == 0 })
+		})
+	}
+}
+
+// TestClientResetDeliversAcceptedUpload is the other way round: a client
+// uploads, and once the proxy has acknowledged every byte, resets the
+// connection. The upstream, slow to read, must still get the whole upload,
+// and then the reset.
+func TestClientResetDeliversAcceptedUpload(t *testing.T) {
+	const size = 1 << 20
+	type result struct {
+		n   int64
+		err error
+	}
+	got := make(chan result, 1)
+	up := startUpstream(t, func(c net.Conn) {
+		time.Sleep(300 * time.Millisecond) // the reset reaches the proxy first
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := io.Copy(io.Discard, c)
+		if n > 0 { // not a health check
+			got <- result{n, err}
+		}
+	})
+	px := startProxy(t, poolConfig{}, up.addr)
+	c, err := net.DialTimeout("tcp", px.addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(make([]byte, size)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the proxy to acknowledge the upload", func() bool {
+		ti, ok := tcpInfo(c)
+		return ok && ti.Unacked == 0 && ti.Notsent_bytes == 0
+	})
+	_ = c.(*net.TCPConn).SetLinger(0)
+	_ = c.Close()
+	select {
+	case r := <-got:
+		if r.n != size {
+			t.Errorf("upstream read %d of the %d bytes the client had delivered before its reset", r.n, size)
+		}
+		if !errors.Is(r.err, syscall.ECONNRESET) {
+			t.Errorf("upstream read ended with %v; want the client's reset passed on (ECONNRESET)", r.err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the upstream read nothing within 15 s")
+	}
 }

@@ -485,21 +485,74 @@ func closeWrite(c net.Conn) {
 	}
 }
 
-// stalledFor returns how long c's peer has not acknowledged anything while
-// c retransmits unacknowledged data, 0 if c is not retransmitting.
-func stalledFor(c net.Conn) time.Duration {
+// connBroken reports whether c's connection is over, reset or timed out
+// by the kernel, or c closed here. One that is only half-closed is not.
+func connBroken(c net.Conn) bool {
+	ti, ok := tcpInfo(c)
+	return !ok || ti.State == unix.BPF_TCP_CLOSE
+}
+
+// tcpInfo returns c's TCP_INFO; false if c is no TCP socket or is closed.
+func tcpInfo(c net.Conn) (*unix.TCPInfo, bool) {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
-		return 0
+		return nil, false
 	}
 	rc, err := tc.SyscallConn()
 	if err != nil {
-		return 0
+		return nil, false
 	}
 	var ti *unix.TCPInfo
 	if err := rc.Control(func(fd uintptr) {
 		ti, _ = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
 	}); err != nil || ti == nil {
+		return nil, false
+	}
+	return ti, true
+}
+
+// flushTimeout bounds how long flushThenReset waits for peers to take
+// what is queued for them. A peer that reads does so in milliseconds; one
+// that has stopped reading loses the rest when it runs out.
+const flushTimeout = 10 * time.Second
+
+// flushThenReset waits until the peers of cs have acknowledged everything
+// queued on them, up to flushTimeout, and then closes cs with a reset.
+// Closing at once would throw the queues away: the kernel resets a socket
+// closed with input unread, and a peer still sending leaves some. The wait
+// polls, from every millisecond up to every 50 ms; a socket closed under it
+// (a drain's or shutdown's force close), or whose peer went away, has
+// nothing left to wait for.
+func flushThenReset(cs ...net.Conn) {
+	deadline := time.Now().Add(flushTimeout)
+	for pause := time.Millisecond; anyQueued(cs) && time.Now().Before(deadline); pause = min(2*pause, 50*time.Millisecond) {
+		time.Sleep(pause)
+	}
+	for _, c := range cs {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0) // the close sends a reset
+		}
+		_ = c.Close()
+	}
+}
+
+// anyQueued reports whether one of cs has bytes its peer has not yet
+// acknowledged, sent or not.
+func anyQueued(cs []net.Conn) bool {
+	for _, c := range cs {
+		ti, ok := tcpInfo(c)
+		if ok && ti.State != unix.BPF_TCP_CLOSE && (ti.Unacked > 0 || ti.Notsent_bytes > 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// stalledFor returns how long c's peer has not acknowledged anything while
+// c retransmits unacknowledged data, 0 if c is not retransmitting.
+func stalledFor(c net.Conn) time.Duration {
+	ti, ok := tcpInfo(c)
+	if !ok {
 		return 0
 	}
 	return stalledInfo(ti)
