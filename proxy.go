@@ -192,9 +192,7 @@ type proxy struct {
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
 	d := &net.Dialer{
 		KeepAliveConfig: normalSettings.keepAlive,
-		Control: func(_, _ string, rc syscall.RawConn) error {
-			return setUserTimeout(rc, normalSettings.userTimeout)
-		},
+		Control:         userTimeoutControl(log),
 	}
 	m.connLimit.Set(float64(max(maxConns, 1)))
 	return &proxy{
@@ -204,6 +202,24 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 		hedge:       true,
 		slots:       make(chan struct{}, max(maxConns, 1)),
 		workers:     workers{tasks: make(chan func()), quit: make(chan struct{})},
+	}
+}
+
+// userTimeoutControl returns the upstream dialer's Control function: it
+// sets TCP_USER_TIMEOUT on the socket before it connects. A kernel or
+// sandbox that refuses the option must not fail the dial, which would be
+// blamed on the upstream and refuse every client while health checks,
+// which do not set it, pass; as on client sockets (prepareClient), keepalive
+// still ends dead connections. The first refusal is logged.
+func userTimeoutControl(log *slog.Logger) func(network, address string, rc syscall.RawConn) error {
+	var once sync.Once
+	return func(_, _ string, rc syscall.RawConn) error {
+		if err := setUserTimeout(rc, normalSettings.userTimeout); err != nil {
+			once.Do(func() {
+				log.Warn("upstream sockets get no TCP_USER_TIMEOUT; keepalive alone ends connections to vanished upstreams", "err", err)
+			})
+		}
+		return nil
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"runtime"
@@ -635,5 +636,57 @@ func TestClientResetDeliversAcceptedUpload(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("the upstream read nothing within 15 s")
+	}
+}
+
+// refusingRawConn is a syscall.RawConn whose Control fails, as setsockopt
+// does on a kernel or sandbox that refuses TCP_USER_TIMEOUT; that cannot
+// be had on demand here.
+type refusingRawConn struct{}
+
+func (refusingRawConn) Control(func(uintptr)) error { return syscall.ENOPROTOOPT }
+func (refusingRawConn) Read(func(uintptr) bool) error {
+	return syscall.ENOPROTOOPT
+}
+
+func (refusingRawConn) Write(func(uintptr) bool) error {
+	return syscall.ENOPROTOOPT
+}
+
+// TestUserTimeoutRefusedDoesNotFailDials: the upstream dialer's Control
+// lets the dial go on when TCP_USER_TIMEOUT cannot be set, and says so
+// once in the log, not once per connection.
+func TestUserTimeoutRefusedDoesNotFailDials(t *testing.T) {
+	var logs syncBuffer
+	control := userTimeoutControl(slog.New(slog.NewJSONHandler(&logs, nil)))
+	for range 3 {
+		if err := control("tcp4", "192.0.2.1:6443", refusingRawConn{}); err != nil {
+			t.Fatalf("Control: %v; want nil, so the dial goes on", err)
+		}
+	}
+	if n := strings.Count(logs.String(), "no TCP_USER_TIMEOUT"); n != 1 {
+		t.Errorf("%d warnings; want 1 in\n%s", n, logs.String())
+	}
+
+	// On this kernel the option is set, and nothing is logged.
+	logs = syncBuffer{}
+	control = userTimeoutControl(slog.New(slog.NewJSONHandler(&logs, nil)))
+	up := startUpstream(t, echo)
+	c, err := (&net.Dialer{Control: control}).Dial("tcp", up.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms int
+	_ = rc.Control(func(fd uintptr) { ms, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT) })
+	if want := int(normalSettings.userTimeout.Milliseconds()); ms != want {
+		t.Errorf("TCP_USER_TIMEOUT %d ms; want %d", ms, want)
+	}
+	if logs.String() != "" {
+		t.Errorf("log: %s; want nothing", logs.String())
 	}
 }
