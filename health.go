@@ -379,13 +379,15 @@ func (l *connLimiter) makeRoomLocked(c net.Conn, now, deadline time.Time) (victi
 	return victim, 0
 }
 
-// longestWaitingLocked returns the connection that has waited longest
-// among those that may be closed (see closableAt). If there is none,
-// spared is when the first of them becomes closable, or zero if there are
-// no connections. A linear scan: max is small and this runs only at the
-// limit. l.mu must be held.
+// longestWaitingLocked returns the connection to close to make room: of
+// those that may be closed (see closableAt), the idle one that has waited
+// longest, or if none is idle, the one that has. (Closing an idle one cuts
+// no request.) If none may be closed, spared is when the first becomes
+// closable, or zero if there are no connections. A linear scan: max is
+// small and this runs only at the limit. l.mu must be held.
 func (l *connLimiter) longestWaitingLocked(now time.Time) (oldest net.Conn, spared time.Time) {
 	var since time.Time
+	var oldestIdle bool
 	for c, m := range l.conns {
 		if at := l.closableAt(m); at.After(now) {
 			if spared.IsZero() || at.Before(spared) {
@@ -393,8 +395,9 @@ func (l *connLimiter) longestWaitingLocked(now time.Time) (oldest net.Conn, spar
 			}
 			continue
 		}
-		if oldest == nil || m.since.Before(since) {
-			oldest, since = c, m.since
+		idle := m.state == http.StateIdle
+		if oldest == nil || idle && !oldestIdle || idle == oldestIdle && m.since.Before(since) {
+			oldest, since, oldestIdle = c, m.since, idle
 		}
 	}
 	return oldest, spared

@@ -780,6 +780,17 @@ func TestHealthConnLimiterGrace(t *testing.T) {
 			wantGone: "a",
 		},
 		{
+			name: "idle connection closed before an older one stuck in a request",
+			setup: func(l *connLimiter, a, b net.Conn) {
+				l.track(a, http.StateNew)
+				l.track(a, http.StateActive)
+				time.Sleep(healthConnBusy + time.Second)
+				l.track(b, http.StateNew)
+				request(l, b)
+			},
+			wantGone: "b",
+		},
+		{
 			name: "every connection in a handler: the new one closed after grace",
 			setup: func(l *connLimiter, a, b net.Conn) {
 				l.track(a, http.StateNew)
