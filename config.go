@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -739,6 +741,110 @@ func newLogger(level slog.Level, w io.Writer) *slog.Logger {
 		Level:       level,
 		ReplaceAttr: nameLevel,
 	}))
+}
+
+// logQueueRecords bounds the records a logSink holds for a log reader that
+// is not reading. The daemon logs state changes at info and per-connection
+// events only at debug, so 4096 records outlast a reader stalled for
+// minutes; at a few hundred bytes a record (errors are cut to maxLogError)
+// the full queue holds about 1 MiB.
+const logQueueRecords = 4096
+
+// logFlushTimeout bounds how long run waits on exit for queued log lines:
+// long enough for a working stderr to take the final error or "stopped"
+// line, short enough that a stuck one cannot hold up a restart.
+const logFlushTimeout = 2 * time.Second
+
+// logSink sits between the logger and stderr so that logging never blocks
+// the daemon. A write to stderr blocks while its reader (journald, a
+// container log shim) is not reading, and the pool logs while holding its
+// lock: one stalled write used to freeze new connections, the liveness
+// beat and shutdown. Write queues a copy of each record without blocking,
+// dropping and counting it when the queue is full; run, the one writer,
+// writes the queue to out in order.
+type logSink struct {
+	out     io.Writer
+	notice  *slog.Logger // writes the drop warning straight to out, from run
+	records chan []byte  // the queue; at most logQueueRecords
+	dropped atomic.Int64 // records lost to a full queue since the last warning
+	stop    chan struct{}
+	done    chan struct{} // closed when run returns
+}
+
+func newLogSink(out io.Writer) *logSink {
+	return &logSink{
+		out: out,
+		// At warn whatever --log-level says: the lines it accounts
+		// for may be errors.
+		notice:  newLogger(slog.LevelWarn, out),
+		records: make(chan []byte, logQueueRecords),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+}
+
+// Write queues a copy of p (slog reuses its buffer) and never blocks. It
+// reports success even for a dropped record: the logger has nothing better
+// to do with an error.
+func (s *logSink) Write(p []byte) (int, error) {
+	select {
+	case s.records <- bytes.Clone(p):
+	default:
+		s.dropped.Add(1)
+	}
+	return len(p), nil
+}
+
+// run writes queued records to out until close is called, then writes what
+// is left and returns. Write errors are ignored: EPIPE is expected once the
+// reader has gone (SIGPIPE is caught), and nobody else could report them.
+func (s *logSink) run() {
+	defer close(s.done)
+	for {
+		select {
+		case r := <-s.records:
+			s.write(r)
+		case <-s.stop:
+			s.flush()
+			return
+		}
+	}
+}
+
+// flush writes the records queued so far.
+func (s *logSink) flush() {
+	for {
+		select {
+		case r := <-s.records:
+			s.write(r)
+		default:
+			return
+		}
+	}
+}
+
+// write writes r and then, once out takes lines again, the count of those
+// dropped meanwhile, again for any dropped while the warning was written.
+func (s *logSink) write(r []byte) {
+	_, _ = s.out.Write(r)
+	for n := s.dropped.Swap(0); n > 0; n = s.dropped.Swap(0) {
+		s.notice.Warn("log lines dropped: the log reader was not keeping up", "dropped", n)
+	}
+}
+
+// close makes run write what is queued and return, and waits for it at
+// most timeout. It reports whether run returned: a writer stuck on out
+// cannot be interrupted, and the process ending is what ends it then.
+func (s *logSink) close(timeout time.Duration) bool {
+	close(s.stop)
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-s.done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // maxLogError bounds the text of an error in a log line. Errors carry text

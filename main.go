@@ -134,9 +134,10 @@
 //
 // SIGINT or SIGTERM stops discovery, closes the listener, force-closes the
 // proxied connections, waits up to 5 s for their goroutines and gives the
-// health server 5 s to finish. The exit status is 0, or 1 if the goroutines
-// outlast the 5 s or the health server had failed. SIGHUP is logged and
-// ignored: nothing is reloaded.
+// health server 5 s to finish. Log lines still queued for stderr get 2 s
+// more. The exit status is 0, or 1 if the goroutines outlast the 5 s or the
+// health server had failed. SIGHUP is logged and ignored: nothing is
+// reloaded.
 package main
 
 import (
@@ -202,15 +203,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	log := newLogger(level, stderr)
 	// A write to a closed stderr (a log shipper or `| tee` that went away)
 	// would kill the daemon with SIGPIPE and drop every proxied connection.
 	// With SIGPIPE notified the write just fails. Unlike signal.Ignore, this
 	// is not inherited by programs the daemon starts (a kubeconfig
-	// credential plugin), and the status command keeps the default.
+	// credential plugin), and the status command keeps the default. It is
+	// stopped last, after the log sink's final flush.
 	pipes := make(chan os.Signal, 1)
 	signal.Notify(pipes, syscall.SIGPIPE)
 	defer signal.Stop(pipes)
+	sink := newLogSink(stderr)
+	log := newLogger(level, sink)
+	go sink.run()
+	// Deferred before the rest so it runs after them: every goroutine that
+	// logs has ended, and the last lines ("stopped", an error) get written.
+	defer sink.close(logFlushTimeout)
 	// SIGHUP, which a closing terminal or a habitual "reload" sends, would
 	// end the daemon the same way. Nothing is reloaded (the configuration
 	// is read once), so it is logged and otherwise ignored.

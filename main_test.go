@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -104,6 +105,13 @@ func (d *runningDaemon) stop(t *testing.T) {
 	}
 }
 
+// waitForLog waits until the daemon has logged text: lines reach the log
+// through the log sink's own goroutine, a moment after they are logged.
+func (d *runningDaemon) waitForLog(t *testing.T, text string) {
+	t.Helper()
+	waitFor(t, "the log to say "+strconv.Quote(text), func() bool { return strings.Contains(d.logs.String(), text) })
+}
+
 func TestRunProxiesAndReports(t *testing.T) {
 	a, b := startUpstream(t, echo), startUpstream(t, echo)
 	d := startDaemon(t, nil, "--endpoints", a.addr+","+b.addr)
@@ -177,10 +185,7 @@ func TestRunWarnsOfIgnoredSettings(t *testing.T) {
 	a := startUpstream(t, echo)
 	// startDaemon turns discovery off, so a kubeconfig does nothing.
 	d := startDaemon(t, map[string]string{"EP_KUBECONFIG": "/nonexistent"}, "--endpoints", a.addr)
-	logs := d.logs.String()
-	if !strings.Contains(logs, "setting has no effect") || !strings.Contains(logs, "--kubeconfig (EP_KUBECONFIG)") {
-		t.Errorf("log: got %q; want a warning that --kubeconfig (EP_KUBECONFIG) has no effect", logs)
-	}
+	d.waitForLog(t, `"msg":"setting has no effect","setting":"--kubeconfig (EP_KUBECONFIG)"`)
 }
 
 func TestRunRejectsBadConfigBeforeListening(t *testing.T) {
@@ -538,9 +543,7 @@ func TestRunIgnoresCacheWithoutDiscovery(t *testing.T) {
 	if strings.Contains(body, stale) || strings.Contains(body, `"cache"`) {
 		t.Errorf("/upstreams lists the cached endpoint %s; want the static one only:\n%s", stale, body)
 	}
-	if logs := d.logs.String(); !strings.Contains(logs, `"level":"ERROR","msg":"kubernetes discovery off`) {
-		t.Errorf("log: got %s; want an error that discovery is off", logs)
-	}
+	d.waitForLog(t, `"level":"ERROR","msg":"kubernetes discovery off`)
 }
 
 func TestRunCorruptCacheIsNotFatal(t *testing.T) {
@@ -559,9 +562,7 @@ func TestRunCorruptCacheIsNotFatal(t *testing.T) {
 	if err := roundTrip(c, []byte("static still works")); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(d.logs.String(), "endpoint cache ignored") {
-		t.Errorf("log does not report the corrupt cache:\n%s", d.logs.String())
-	}
+	d.waitForLog(t, "endpoint cache ignored")
 }
 
 func TestCacheWriterWritesDiscoveredLists(t *testing.T) {
@@ -677,7 +678,97 @@ func TestRunIgnoresOwnListenerInCache(t *testing.T) {
 	if _, body := httpGet(d.healthBase + "/upstreams"); strings.Contains(body, own) {
 		t.Errorf("/upstreams lists the proxy's own listener %s:\n%s", own, body)
 	}
-	if !strings.Contains(d.logs.String(), "ignoring endpoints that are this proxy's own listener") {
-		t.Error("no warning about the dropped endpoint")
+	d.waitForLog(t, "ignoring endpoints that are this proxy's own listener")
+}
+
+// stallWriter passes writes to buf until stalled is set, then blocks every
+// write until release is closed, as a log pipe does once its reader stops
+// reading (a stuck journald or container log shim) and the pipe is full.
+// Each write that blocks is first copied to attempted, so a test can wait
+// for the line the daemon tried to log.
+type stallWriter struct {
+	buf       syncBuffer
+	attempted syncBuffer
+	stalled   atomic.Bool
+	release   chan struct{}
+}
+
+func (w *stallWriter) Write(p []byte) (int, error) {
+	if w.stalled.Load() {
+		_, _ = w.attempted.Write(p)
+		<-w.release
+	}
+	return w.buf.Write(p)
+}
+
+// TestRunServesWhileLogReaderStalls: a log reader that stops reading must
+// not stall the daemon. The pool logs an upstream's failed check while it
+// holds its lock; when that write blocked on stderr, new clients, the
+// liveness beat and shutdown all waited on the lock for good.
+func TestRunServesWhileLogReaderStalls(t *testing.T) {
+	a, b := startUpstream(t, echo), startUpstream(t, echo)
+	bindPort, healthPort := freePort(t), freePort(t)
+	proxyAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(bindPort))
+	healthBase := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(healthPort))
+	w := &stallWriter{release: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	var runErr error
+	stopped := make(chan struct{})
+	go func() {
+		runErr = run(ctx, []string{
+			"--bind-port", strconv.Itoa(bindPort), "--health-port", strconv.Itoa(healthPort),
+			"--enable-discovery=false", "--endpoints", a.addr + "," + b.addr,
+			"--health-interval", "2s", "--health-timeout", "1s",
+			"--liveness-interval", "1s", "--liveness-threshold", "3s",
+		}, func(string) string { return "" }, w, w)
+		close(stopped)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		close(w.release) // lets a run that is stuck on the log end
+		select {
+		case <-stopped:
+		case <-time.After(15 * time.Second):
+			t.Error("run did not return after the log reader came back")
+		}
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", w.buf.String())
+		}
+	})
+	waitFor(t, "/healthz to answer", func() bool { code, _ := httpGet(healthBase + "/healthz"); return code == http.StatusOK })
+
+	w.stalled.Store(true) // the log reader stops reading
+	a.kill()              // b stays healthy
+	waitFor(t, "a's failed check to be logged", func() bool {
+		return strings.Contains(w.attempted.String(), "upstream suspect")
+	})
+
+	for i := range 3 {
+		c := dialProxy(t, proxyAddr)
+		err := roundTrip(c, []byte("through b"))
+		_ = c.Close()
+		if err != nil {
+			t.Errorf("client %d with the log stalled and b healthy: %v", i, err)
+			break
+		}
+	}
+	// Past --liveness-threshold a beat stuck on the pool fails /healthz.
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
+		if code, _ := httpGet(healthBase + "/healthz"); code != http.StatusOK {
+			t.Errorf("/healthz with the log stalled: got %d; want 200", code)
+			break
+		}
+		time.Sleep(100 * time.Millisecond) // paces the checks; no state to wait for
+	}
+
+	cancel()
+	bound := 2*shutdownTimeout + 2*time.Second // the proxy's, the health server's, the log flush's
+	select {
+	case <-stopped:
+		if runErr != nil {
+			t.Errorf("run: got %v; want nil", runErr)
+		}
+	case <-time.After(bound):
+		t.Errorf("run did not return within %v of shutdown with the log stalled", bound)
 	}
 }
