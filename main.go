@@ -177,7 +177,15 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "extractedprism:", err)
+		// A log reader that stopped reading must not hold the exit:
+		// the line gets as long as the log sink's flush, then the
+		// process ends without it.
+		written := make(chan struct{})
+		go func() { fmt.Fprintln(os.Stderr, "extractedprism:", err); close(written) }()
+		select {
+		case <-written:
+		case <-time.After(logFlushTimeout):
+		}
 		os.Exit(1)
 	}
 }
@@ -211,13 +219,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// stopped last, after the log sink's final flush.
 	pipes := make(chan os.Signal, 1)
 	signal.Notify(pipes, syscall.SIGPIPE)
-	defer signal.Stop(pipes)
 	sink := newLogSink(stderr)
 	log := newLogger(level, sink)
 	go sink.run()
 	// Deferred before the rest so it runs after them: every goroutine that
 	// logs has ended, and the last lines ("stopped", an error) get written.
-	defer sink.close(logFlushTimeout)
+	// A writer still stuck after the flush's bound may yet meet a closed
+	// pipe, so SIGPIPE then stays caught until the process ends.
+	defer func() {
+		if sink.close(logFlushTimeout) {
+			signal.Stop(pipes)
+		}
+	}()
 	// SIGHUP, which a closing terminal or a habitual "reload" sends, would
 	// end the daemon the same way. Nothing is reloaded (the configuration
 	// is read once), so it is logged and otherwise ignored.

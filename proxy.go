@@ -503,6 +503,11 @@ type session struct {
 	// then reads the broken socket's last bytes and an end that may look
 	// clean, as the error went to the stopped direction's write.
 	yielded atomic.Bool
+	// giveUp is armed by a yield: the other direction may be stuck writing
+	// to a peer that does not read, with nothing left reading the broken
+	// side, so after flushTimeout the connection is closed whatever it is
+	// doing (see failed).
+	giveUp atomic.Pointer[time.Timer]
 }
 
 // copy copies one direction; the last direction to finish ends the
@@ -553,9 +558,18 @@ func (s *session) failed(err error, dst, src net.Conn) {
 	}
 	if s.running.Load() > 1 && connBroken(dst) && !connBroken(src) {
 		s.yielded.Store(true)
+		s.giveUp.Store(time.AfterFunc(flushTimeout, s.abort))
 		return
 	}
 	s.tearDown()
+}
+
+// abort ends a yielded connection that did not end within flushTimeout:
+// both sockets close at once, which ends both directions.
+func (s *session) abort() {
+	if s.torn.CompareAndSwap(false, true) {
+		s.pc.close()
+	}
 }
 
 // tearDown ends a failed connection, once: a broken socket closes at once,
@@ -565,6 +579,9 @@ func (s *session) failed(err error, dst, src net.Conn) {
 func (s *session) tearDown() {
 	if !s.torn.CompareAndSwap(false, true) {
 		return
+	}
+	if t := s.giveUp.Load(); t != nil {
+		t.Stop()
 	}
 	var live []net.Conn
 	for _, c := range []net.Conn{s.pc.client, s.pc.upstream} {

@@ -690,3 +690,61 @@ func TestUserTimeoutRefusedDoesNotFailDials(t *testing.T) {
 		t.Errorf("log: %s; want nothing", logs.String())
 	}
 }
+
+// TestYieldedConnectionEndsWithinFlushTimeout: a bidirectional stream
+// (exec, port-forward) through an upstream that writes its output before
+// it reads more input. The client reads nothing for a moment and then
+// resets. The copy upstream->client takes the reset on its write and
+// yields, so nothing reads the upstream any more, while the copy
+// client->upstream is blocked writing to the upstream, which is blocked
+// writing to the proxy. Without a bound only the upstream socket's 30 s
+// TCP_USER_TIMEOUT ended that (never, where the kernel refuses it), and it
+// counted as a dead upstream connection; the yield now gives up after
+// flushTimeout.
+func TestYieldedConnectionEndsWithinFlushTimeout(t *testing.T) {
+	up := startUpstream(t, func(c net.Conn) {
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return // also the health check
+			}
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+	px := startProxy(t, poolConfig{}, up.addr)
+	c, err := net.DialTimeout("tcp", px.addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := c.Write(buf); err != nil {
+				return
+			}
+		}
+	}()
+	waitFor(t, "the stream to back up to the client", func() bool {
+		ti, ok := tcpInfo(c)
+		return ok && ti.Notsent_bytes > 0
+	})
+	time.Sleep(500 * time.Millisecond)
+	_ = c.(*net.TCPConn).SetLinger(0)
+	_ = c.Close() // the client resets
+	start := time.Now()
+	const bound = flushTimeout + 2*time.Second
+	for testutil.ToFloat64(px.m.connectionsActive) != 0 && time.Since(start) < 45*time.Second {
+		time.Sleep(50 * time.Millisecond)
+	}
+	took := time.Since(start)
+	t.Logf("connection ended %v after the client's reset; dead_connections_closed_total=%v",
+		took.Round(100*time.Millisecond), testutil.ToFloat64(px.m.deadConnsClosed))
+	if took > bound {
+		t.Errorf("a connection whose client had reset stayed open for %v; want at most %v", took.Round(100*time.Millisecond), bound)
+	}
+	if n := testutil.ToFloat64(px.m.deadConnsClosed); n != 0 {
+		t.Errorf("dead_connections_closed_total %v; want 0: the upstream is alive", n)
+	}
+}
