@@ -215,8 +215,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// would kill the daemon with SIGPIPE and drop every proxied connection.
 	// With SIGPIPE notified the write just fails. Unlike signal.Ignore, this
 	// is not inherited by programs the daemon starts (a kubeconfig
-	// credential plugin), and the status command keeps the default. It is
-	// stopped last, after the log sink's final flush.
+	// credential plugin), and the status command keeps the default.
 	pipes := make(chan os.Signal, 1)
 	signal.Notify(pipes, syscall.SIGPIPE)
 	sink := newLogSink(stderr)
