@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -456,6 +457,42 @@ func TestValidHost(t *testing.T) {
 				t.Errorf("got %v; want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestHostCorpus holds the daemon to testdata/hosts.txt, the list the Helm
+// chart's checks are held to as well (tools/deploytest): each host is
+// accepted or refused both as a listen address and as an endpoint's host.
+func TestHostCorpus(t *testing.T) {
+	data, err := os.ReadFile("testdata/hosts.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := 0
+	for line := range strings.Lines(string(data)) {
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		verdict, host, ok := strings.Cut(line, "\t")
+		if !ok || verdict != "accept" && verdict != "reject" {
+			t.Fatalf("testdata/hosts.txt: bad line %q", line)
+		}
+		want := verdict == "accept"
+		endpoint := host + ":6443"
+		if strings.Contains(host, ":") {
+			endpoint = "[" + host + "]:6443"
+		}
+		if got := validHost(host); got != want {
+			t.Errorf("validHost(%q) = %v; want %v", host, got, want)
+		}
+		if _, err := normalizeEndpoint(endpoint); (err == nil) != want {
+			t.Errorf("normalizeEndpoint(%q): err = %v; want accepted %v", endpoint, err, want)
+		}
+		cases++
+	}
+	if cases < 40 {
+		t.Errorf("testdata/hosts.txt has %d hosts; want the whole list (40 or more)", cases)
 	}
 }
 

@@ -129,6 +129,9 @@ func templateCases(appVersion string) []templateCase {
 				if want := intstr.FromInt32(1); *m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable != want {
 					t.Errorf("maxUnavailable = %v; want 1", m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable)
 				}
+				if got := m.DaemonSet.Spec.MinReadySeconds; got < 10 {
+					t.Errorf("minReadySeconds = %d; want at least 10, the readiness probe's time to see a failed pod", got)
+				}
 				if m.PodMonitor != nil {
 					t.Error("PodMonitor rendered by default")
 				}
@@ -182,6 +185,35 @@ func templateCases(appVersion string) []templateCase {
 				}
 				if envValues(t, container(t, m))["EP_ENDPOINT_CACHE_FILE"] == "" {
 					t.Error("EP_ENDPOINT_CACHE_FILE is not set")
+				}
+			},
+		},
+		{
+			name: "readyz with a client certificate from a Secret",
+			values: withEndpoints(map[string]any{
+				"healthCheck": "readyz",
+				"readyz":      map[string]any{"credentials": "clientCertificate", "clientCertificate": map[string]any{"secretName": "ep-readyz.client"}},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				pod := m.DaemonSet.Spec.Template.Spec
+				c := container(t, m)
+				env := envValues(t, c)
+				const dir = "/etc/extractedprism/readyz-client"
+				if env["EP_HEALTH_CHECK_CERT_FILE"] != dir+"/tls.crt" || env["EP_HEALTH_CHECK_KEY_FILE"] != dir+"/tls.key" {
+					t.Errorf("cert %q, key %q; want the Secret's tls.crt and tls.key under %s", env["EP_HEALTH_CHECK_CERT_FILE"], env["EP_HEALTH_CHECK_KEY_FILE"], dir)
+				}
+				if len(pod.Volumes) != 1 || pod.Volumes[0].Secret == nil || pod.Volumes[0].Secret.SecretName != "ep-readyz.client" {
+					t.Fatalf("volumes = %v; want the Secret ep-readyz.client", pod.Volumes)
+				}
+				// The files are root's; the daemon, UID 65534, must read them.
+				if mode := pod.Volumes[0].Secret.DefaultMode; mode == nil || *mode&0o004 == 0 {
+					t.Errorf("defaultMode = %s; want the files readable by UID 65534", show(mode))
+				}
+				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != pod.Volumes[0].Name || c.VolumeMounts[0].MountPath != dir || !c.VolumeMounts[0].ReadOnly {
+					t.Errorf("mounts = %v; want the Secret read-only at %s", c.VolumeMounts, dir)
+				}
+				if uid := c.SecurityContext.RunAsUser; uid == nil || *uid != nobody {
+					t.Errorf("container runs as %s; want %d: a Secret needs no root", show(uid), nobody)
 				}
 			},
 		},
@@ -483,6 +515,146 @@ func TestTemplateAcceptsFullyQualifiedNames(t *testing.T) {
 	}
 }
 
+// TestTemplateAcceptsEdgeValues renders values at the edge of what the
+// checks allow, which the daemon and Kubernetes accept, and checks that
+// they reach the manifest unchanged.
+func TestTemplateAcceptsEdgeValues(t *testing.T) {
+	tests := []struct {
+		name   string
+		values map[string]any
+		check  func(t *testing.T, m *manifest)
+	}{
+		{name: "IPv6 readyz server name", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"serverName": "fd00::1"}}), check: func(t *testing.T, m *manifest) {
+			if got := envValues(t, container(t, m))["EP_HEALTH_CHECK_SERVER_NAME"]; got != "fd00::1" {
+				t.Errorf("EP_HEALTH_CHECK_SERVER_NAME = %q; want fd00::1", got)
+			}
+		}},
+		{name: "durations at the daemon's limits", values: withEndpoints(map[string]any{"healthInterval": "1001ms", "healthTimeout": "1s", "livenessInterval": "1s", "livenessThreshold": "1.001s"}), check: func(t *testing.T, m *manifest) {
+			env := envValues(t, container(t, m))
+			if env["EP_HEALTH_INTERVAL"] != "1001ms" || env["EP_HEALTH_TIMEOUT"] != "1s" || env["EP_LIVENESS_THRESHOLD"] != "1.001s" {
+				t.Errorf("env = %v; want the durations as given", env)
+			}
+		}},
+		{name: "memory limit at the floor", values: withEndpoints(map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "64Mi"}}}), check: func(t *testing.T, m *manifest) {
+			if got := container(t, m).Resources.Limits[corev1.ResourceMemory]; got.String() != "64Mi" {
+				t.Errorf("memory limit = %s; want 64Mi", got.String())
+			}
+		}},
+		{name: "memory limit in bytes", values: withEndpoints(map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": 128 << 20}}}), check: func(t *testing.T, m *manifest) {
+			if got := container(t, m).Resources.Limits[corev1.ResourceMemory]; got.Value() != 128<<20 {
+				t.Errorf("memory limit = %s; want 128Mi", got.String())
+			}
+		}},
+		{name: "memory limit in a form the chart does not read", values: withEndpoints(map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "129e6"}}}), check: func(t *testing.T, m *manifest) {
+			if got := container(t, m).Resources.Limits[corev1.ResourceMemory]; got.Value() != 129e6 {
+				t.Errorf("memory limit = %s; want 129e6, left to Kubernetes", got.String())
+			}
+		}},
+		{name: "Prometheus durations", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "interval": "1m30s", "scrapeTimeout": "90s"}}}), check: func(t *testing.T, m *manifest) {
+			if m.PodMonitor == nil {
+				t.Fatal("no PodMonitor")
+			}
+			if eps := m.PodMonitor.Spec.PodMetricsEndpoints; len(eps) != 1 || eps[0].Interval != "1m30s" || eps[0].ScrapeTimeout != "90s" {
+				t.Errorf("podMetricsEndpoints = %+v; want one with interval 1m30s, scrapeTimeout 90s", eps)
+			}
+		}},
+		{name: "half the nodes at once", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": "50%", "minReadySeconds": 0}}), check: func(t *testing.T, m *manifest) {
+			ds := m.DaemonSet.Spec
+			if got := ds.UpdateStrategy.RollingUpdate.MaxUnavailable.String(); got != "50%" || ds.MinReadySeconds != 0 {
+				t.Errorf("maxUnavailable = %s, minReadySeconds = %d; want 50%%, 0", got, ds.MinReadySeconds)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := render(t, tt.values)
+			checkInvariants(t, m)
+			tt.check(t, m)
+		})
+	}
+}
+
+// TestTemplateHostCorpus holds the chart to testdata/hosts.txt, the list
+// the daemon's own parsers are held to (config_test.go): every host the
+// daemon accepts renders as an endpoint and as the bind address, and every
+// one it refuses stops the render, so no value the chart lets through makes
+// the pods exit at start.
+func TestTemplateHostCorpus(t *testing.T) {
+	accept, reject := hostCorpus(t)
+	var endpoints []string
+	for _, h := range accept {
+		endpoints = append(endpoints, corpusEndpoint(h))
+	}
+	m := render(t, map[string]any{"endpoints": endpoints})
+	if got, want := envValues(t, container(t, m))["EP_ENDPOINTS"], strings.Join(endpoints, ","); got != want {
+		t.Errorf("EP_ENDPOINTS = %q; want %q", got, want)
+	}
+	for _, h := range accept {
+		t.Run("accept/"+subtestName(h), func(t *testing.T) {
+			m := render(t, withEndpoints(map[string]any{"bindAddress": h}))
+			if got := envValues(t, container(t, m))["EP_BIND_ADDRESS"]; got != h {
+				t.Errorf("EP_BIND_ADDRESS = %q; want %q", got, h)
+			}
+		})
+	}
+	for _, h := range reject {
+		t.Run("reject/"+subtestName(h), func(t *testing.T) {
+			for name, values := range map[string]map[string]any{
+				"endpoint":     {"endpoints": []string{"192.0.2.11:6443", corpusEndpoint(h)}},
+				"bind address": withEndpoints(map[string]any{"bindAddress": h}),
+			} {
+				if out, err := renderYAML(t, values); err == nil {
+					t.Errorf("%s %q: helm template succeeded; want it refused. Output:\n%.300s", name, h, out)
+				}
+			}
+		})
+	}
+}
+
+// subtestName names a subtest after host without its "%": the name becomes
+// part of the temporary directory of the values file, and helm reads that
+// path as a URL, where "%et" is a bad escape.
+func subtestName(host string) string {
+	return strings.ReplaceAll(host, "%", "-zone-")
+}
+
+// hostCorpus reads testdata/hosts.txt: the hosts the daemon accepts and
+// those it refuses.
+func hostCorpus(t *testing.T) (accept, reject []string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, "testdata", "hosts.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		line = strings.TrimSuffix(line, "\n")
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		switch verdict, host, _ := strings.Cut(line, "\t"); verdict {
+		case "accept":
+			accept = append(accept, host)
+		case "reject":
+			reject = append(reject, host)
+		default:
+			t.Fatalf("testdata/hosts.txt: bad line %q", line)
+		}
+	}
+	if len(accept) < 20 || len(reject) < 20 {
+		t.Fatalf("testdata/hosts.txt: %d accepted and %d refused hosts; want the whole list", len(accept), len(reject))
+	}
+	return accept, reject
+}
+
+// corpusEndpoint makes an endpoint of a corpus host as config_test.go
+// does: port 6443, a host with a colon in brackets.
+func corpusEndpoint(host string) string {
+	if strings.Contains(host, ":") {
+		return "[" + host + "]:6443"
+	}
+	return host + ":6443"
+}
+
 // TestTemplateRejects checks that values the daemon would refuse, or that
 // make no sense together, stop the render with a message saying why.
 func TestTemplateRejects(t *testing.T) {
@@ -516,6 +688,30 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "endpoint cache without discovery", values: withEndpoints(map[string]any{"discovery": map[string]any{"enabled": false, "cache": map[string]any{"enabled": true}}}), want: []string{"discovery.cache.enabled needs discovery.enabled"}},
 		{name: "relative cache directory", values: withEndpoints(map[string]any{"discovery": map[string]any{"cache": map[string]any{"enabled": true, "hostPath": "var/lib"}}}), want: []string{"'/discovery/cache/hostPath'"}},
 		{name: "credentials with the tcp check", values: withEndpoints(map[string]any{"readyz": map[string]any{"credentials": "serviceAccountToken"}}), want: []string{"set healthCheck=readyz"}},
+		{name: "health timeout not below the interval", values: withEndpoints(map[string]any{"healthTimeout": "20s"}), want: []string{"healthTimeout must be less than healthInterval: got 20s >= 20s"}},
+		{name: "health timeout above the interval in other units", values: withEndpoints(map[string]any{"healthInterval": "1m", "healthTimeout": "60500ms"}), want: []string{"healthTimeout must be less than healthInterval: got 60500ms >= 1m"}},
+		{name: "sub-second health interval", values: withEndpoints(map[string]any{"healthInterval": "900ms", "healthTimeout": "500ms"}), want: []string{"healthInterval must be at least 1s: got 900ms"}},
+		{name: "sub-second health timeout", values: withEndpoints(map[string]any{"healthTimeout": "0.5s"}), want: []string{"healthTimeout must be at least 1s: got 0.5s"}},
+		{name: "sub-second liveness interval", values: withEndpoints(map[string]any{"livenessInterval": "999999us"}), want: []string{"livenessInterval must be at least 1s: got 999999us"}},
+		{name: "liveness threshold not above the interval", values: withEndpoints(map[string]any{"livenessThreshold": "5s"}), want: []string{"livenessThreshold must be greater than livenessInterval: got 5s <= 5s"}},
+		{name: "every bad endpoint listed", values: map[string]any{"endpoints": []string{"192.0.2.11:6443", "a..b:6443", "[1:2:3]:6443", "10.0.0.256:6443"}}, want: []string{
+			`the daemon would refuse "a..b:6443": host "a..b" is not an IP address`, `"[1:2:3]:6443": host "1:2:3"`, `"10.0.0.256:6443": host "10.0.0.256"`,
+		}},
+		{name: "bad bind address", values: withEndpoints(map[string]any{"bindAddress": "node-.example.com"}), want: []string{`bindAddress "node-.example.com" is not an IP address or RFC 1123 hostname`}},
+		{name: "bad health bind address", values: withEndpoints(map[string]any{"healthBindAddress": "1::2::3"}), want: []string{`healthBindAddress "1::2::3" is not an IP address`}},
+		{name: "bad readyz server name", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"serverName": "a..b"}}), want: []string{`readyz.serverName "a..b" is not an IP address`}},
+		{name: "readyz server name with a zone", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"serverName": "fe80::1%eth0"}}), want: []string{`readyz.serverName "fe80::1%eth0" must not have an IPv6 zone`}},
+		{name: "memory limit below the floor", values: withEndpoints(map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "48Mi"}}}), want: []string{"resources.limits.memory 48Mi is below 64Mi"}},
+		{name: "memory limit below the floor in bytes", values: withEndpoints(map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": 32 << 20}}}), want: []string{"is below 64Mi"}},
+		{name: "memory limit below the floor by flag", values: withEndpoints(nil), set: []string{"resources.limits.memory=60M"}, want: []string{"resources.limits.memory 60M is below 64Mi"}},
+		{name: "scrape timeout above the interval", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "interval": "15s", "scrapeTimeout": "20s"}}}), want: []string{"scrapeTimeout must not exceed metrics.podMonitor.interval"}},
+		{name: "PodMonitor interval not a Prometheus duration", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "interval": "1.5s"}}}), want: []string{"'/metrics/podMonitor/interval'", "does not match pattern"}},
+		{name: "PodMonitor timeout in microseconds", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "scrapeTimeout": "500us"}}}), want: []string{"'/metrics/podMonitor/scrapeTimeout'"}},
+		{name: "maxUnavailable every node", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": "100%"}}), want: []string{"'/updateStrategy/maxUnavailable'"}},
+		{name: "maxUnavailable over half the nodes", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": "51%"}}), want: []string{"'/updateStrategy/maxUnavailable'"}},
+		{name: "negative minReadySeconds", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"minReadySeconds": -1}}), want: []string{"'/updateStrategy/minReadySeconds'", "minimum"}},
+		{name: "client certificate without a Secret", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate"}}), want: []string{"readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName"}},
+		{name: "client certificate Secret with a bad name", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate", "clientCertificate": map[string]any{"secretName": "EP_Readyz"}}}), want: []string{"'/readyz/clientCertificate/secretName'"}},
 		{name: "existing service account without a name", values: withEndpoints(map[string]any{"serviceAccount": map[string]any{"create": false}}), want: []string{"serviceAccount.name is required"}},
 	}
 	for _, tt := range tests {
@@ -748,8 +944,14 @@ func checkResources(t *testing.T, c *corev1.Container) {
 	if memReq := req[corev1.ResourceMemory]; memLimit.Cmp(memReq) < 0 {
 		t.Errorf("memory limit %s below request %s", memLimit.String(), memReq.String())
 	}
-	if floor := resource.MustParse("32Mi"); memLimit.Cmp(floor) < 0 {
-		t.Errorf("memory limit %s leaves no headroom over the measured idle RSS", memLimit.String())
+	if floor := resource.MustParse("64Mi"); memLimit.Cmp(floor) < 0 {
+		t.Errorf("memory limit %s is below the chart's own floor of 64Mi", memLimit.String())
+	}
+	// 10m is 10 CPU shares, which cgroup v2 makes the lowest weight there
+	// is, a BestEffort pod's: the node's API path would lose every contest
+	// for a busy CPU.
+	if cpu, floor := req[corev1.ResourceCPU], resource.MustParse("100m"); cpu.Cmp(floor) < 0 {
+		t.Errorf("cpu request %s; want at least 100m", cpu.String())
 	}
 }
 

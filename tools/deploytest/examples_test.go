@@ -6,6 +6,7 @@ import (
 	"go/parser"
 	"go/token"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -347,4 +348,240 @@ func envFile(t *testing.T, path string) map[string]string {
 		t.Fatalf("%v", err)
 	}
 	return env
+}
+
+// sniInstance is one of the two extractedprism instances a node of the SNI
+// example runs, and where it listens.
+type sniInstance struct {
+	name     string // for messages
+	settings string // the example file that configures it
+
+	bindHost   string
+	bindPort   int
+	healthHost string
+	healthPort int
+}
+
+func (in *sniInstance) proxy() string {
+	return net.JoinHostPort(in.bindHost, strconv.Itoa(in.bindPort))
+}
+
+func (in *sniInstance) health() string {
+	return net.JoinHostPort(in.healthHost, strconv.Itoa(in.healthPort))
+}
+
+// sniNodeInstance is the kubelet's instance: extractedprism.env under
+// systemd or in a static pod, with the daemon's defaults for what the file
+// leaves unset.
+func sniNodeInstance(t *testing.T) *sniInstance {
+	t.Helper()
+	env := envFile(t, filepath.Join(sniDir, "extractedprism.env"))
+	setting := func(variable, flag string) string {
+		if v, ok := env[variable]; ok {
+			return v
+		}
+		return daemonDefault(t, flag)
+	}
+	in := &sniInstance{
+		name:     "node-level instance",
+		settings: "extractedprism.env",
+		bindHost: setting("EP_BIND_ADDRESS", "bind-address"),
+		bindPort: atoi(t, "extractedprism.env: EP_BIND_PORT", setting("EP_BIND_PORT", "bind-port")),
+	}
+	in.healthPort = atoi(t, "extractedprism.env: EP_HEALTH_PORT", setting("EP_HEALTH_PORT", "health-port"))
+	// Empty means the bind address, as in config.go.
+	if in.healthHost = setting("EP_HEALTH_BIND_ADDRESS", "health-bind-address"); in.healthHost == "" {
+		in.healthHost = in.bindHost
+	}
+	return in
+}
+
+// sniChartInstance is kube-proxy's instance: the chart rendered with
+// values.yaml.
+func sniChartInstance(t *testing.T) *sniInstance {
+	t.Helper()
+	m := render(t, nil, "--values", filepath.Join(sniDir, "values.yaml"))
+	env := envValues(t, container(t, m))
+	in := &sniInstance{
+		name:     "chart's instance",
+		settings: "values.yaml",
+		bindHost: env["EP_BIND_ADDRESS"],
+		bindPort: atoi(t, "values.yaml renders EP_BIND_PORT", env["EP_BIND_PORT"]),
+	}
+	in.healthPort = atoi(t, "values.yaml renders EP_HEALTH_PORT", env["EP_HEALTH_PORT"])
+	if h, ok := env["EP_HEALTH_BIND_ADDRESS"]; ok && h == "" {
+		t.Fatal("values.yaml binds the health server to the node IP (metrics.expose), which the README cannot name")
+	}
+	if in.healthHost = env["EP_HEALTH_BIND_ADDRESS"]; in.healthHost == "" {
+		in.healthHost = in.bindHost
+	}
+	return in
+}
+
+func atoi(t *testing.T, what, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return n
+}
+
+// daemonDefault returns the default of a flag as config.go writes it: the
+// literal default of an fs.XxxVar call, or, for fs.Var, the literal last
+// assigned to the field the flag writes.
+func daemonDefault(t *testing.T, flag string) string {
+	t.Helper()
+	file, err := parser.ParseFile(token.NewFileSet(), daemonConfigPath, nil, 0)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	literal := func(e ast.Expr) (string, bool) {
+		lit, ok := e.(*ast.BasicLit)
+		if !ok {
+			return "", false
+		}
+		if lit.Kind == token.STRING {
+			s, err := strconv.Unquote(lit.Value)
+			return s, err == nil
+		}
+		return lit.Value, true
+	}
+	var field string // the cfg field an fs.Var flag writes
+	var value string
+	found := false
+	ast.Inspect(file, func(n ast.Node) bool {
+		call, ok := n.(*ast.CallExpr)
+		if !ok || len(call.Args) < 3 {
+			return true
+		}
+		sel, ok := call.Fun.(*ast.SelectorExpr)
+		if !ok || !strings.HasSuffix(sel.Sel.Name, "Var") {
+			return true
+		}
+		if name, ok := literal(call.Args[1]); !ok || name != flag {
+			return true
+		}
+		if sel.Sel.Name != "Var" {
+			value, found = literal(call.Args[2])
+			return false
+		}
+		// fs.Var((*portNumber)(&cfg.BindPort), ...): the default is what
+		// cfg.BindPort holds before parsing.
+		ast.Inspect(call.Args[0], func(n ast.Node) bool {
+			if s, ok := n.(*ast.SelectorExpr); ok {
+				field = s.Sel.Name
+				return false
+			}
+			return true
+		})
+		return false
+	})
+	if field != "" {
+		ast.Inspect(file, func(n ast.Node) bool {
+			assign, ok := n.(*ast.AssignStmt)
+			if !ok || len(assign.Lhs) != len(assign.Rhs) {
+				return true
+			}
+			for i, lhs := range assign.Lhs {
+				if s, ok := lhs.(*ast.SelectorExpr); ok && s.Sel.Name == field {
+					if v, ok := literal(assign.Rhs[i]); ok {
+						value, found = v, true
+					}
+				}
+			}
+			return true
+		})
+	}
+	if !found {
+		t.Fatalf("no literal default for --%s in %s; has the flag set moved?", flag, daemonConfigPath)
+	}
+	return value
+}
+
+// TestSNIExamplePorts checks that both instances of the SNI example can run
+// on one node. The kubelet's (extractedprism.env, a systemd unit or static
+// pod) and kube-proxy's (the chart's DaemonSet with values.yaml) both use
+// the host's network namespace, so their four ports must differ, or the
+// second to start cannot bind and fails or crash-loops. The README's port
+// table must state those listeners, and the kubelet's kubeconfig must use
+// the node-level one.
+func TestSNIExamplePorts(t *testing.T) {
+	node, chart := sniNodeInstance(t), sniChartInstance(t)
+	instances := []*sniInstance{node, chart}
+
+	ports := []struct {
+		what string
+		port int
+	}{
+		{"the node-level proxy port (extractedprism.env EP_BIND_PORT)", node.bindPort},
+		{"the node-level health port (extractedprism.env EP_HEALTH_PORT)", node.healthPort},
+		{"the chart's proxy port (values.yaml bindPort)", chart.bindPort},
+		{"the chart's health port (values.yaml healthPort)", chart.healthPort},
+	}
+	for i, a := range ports {
+		for _, b := range ports[i+1:] {
+			if a.port == b.port {
+				t.Errorf("%s and %s are both %d; both instances share the host's network namespace, so the second cannot bind", a.what, b.what, a.port)
+			}
+		}
+	}
+
+	readmePath := filepath.Join(sniDir, "README.md")
+	data, err := os.ReadFile(readmePath)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	lines := strings.Split(string(data), "\n")
+	checkPortTable(t, readmePath, lines, instances)
+
+	// The kubelet's kubeconfig must name the node-level proxy.
+	kubeconfig, err := os.ReadFile(filepath.Join(sniDir, "kubelet-kubeconfig.yaml"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	if want := "server: https://" + node.proxy(); !strings.Contains(string(kubeconfig), want) {
+		t.Errorf("kubelet-kubeconfig.yaml has no %q: the kubelet must use the node-level instance", want)
+	}
+}
+
+// checkPortTable checks the README's table of the instances' listeners: a
+// row per instance, found by its settings file, whose Proxy and Health
+// columns are where that instance listens.
+func checkPortTable(t *testing.T, path string, lines []string, instances []*sniInstance) {
+	t.Helper()
+	proxyCol, healthCol := -1, -1
+	rows := map[*sniInstance][]string{}
+	for _, line := range lines {
+		if !strings.HasPrefix(line, "|") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.Trim(strings.TrimSpace(cells[i]), "`")
+		}
+		if proxyCol < 0 {
+			proxyCol, healthCol = slices.Index(cells, "Proxy"), slices.Index(cells, "Health")
+			continue
+		}
+		for _, in := range instances {
+			if slices.Contains(cells, in.settings) {
+				rows[in] = cells
+			}
+		}
+	}
+	if proxyCol < 0 || healthCol < 0 {
+		t.Errorf("%s has no table with Proxy and Health columns", path)
+		return
+	}
+	for _, in := range instances {
+		row := rows[in]
+		if row == nil || len(row) <= max(proxyCol, healthCol) {
+			t.Errorf("%s: the port table has no row for the %s (%s)", path, in.name, in.settings)
+			continue
+		}
+		if row[proxyCol] != in.proxy() || row[healthCol] != in.health() {
+			t.Errorf("%s: the port table has the %s on %s and %s; %s sets %s and %s", path, in.name, row[proxyCol], row[healthCol], in.settings, in.proxy(), in.health())
+		}
+	}
 }
