@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -129,8 +130,12 @@ func templateCases(appVersion string) []templateCase {
 				if want := intstr.FromInt32(1); *m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable != want {
 					t.Errorf("maxUnavailable = %v; want 1", m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable)
 				}
-				if got := m.DaemonSet.Spec.MinReadySeconds; got < 10 {
-					t.Errorf("minReadySeconds = %d; want at least 10, the readiness probe's time to see a failed pod", got)
+				// A pod that goes ready and then stops serving must be seen
+				// before the rollout moves on: failureThreshold probes a
+				// period apart, the last one timing out.
+				rp := c.ReadinessProbe
+				if seen := rp.PeriodSeconds*rp.FailureThreshold + rp.TimeoutSeconds; m.DaemonSet.Spec.MinReadySeconds <= seen {
+					t.Errorf("minReadySeconds = %d; want more than the %d s the readiness probe may take to see a failed pod", m.DaemonSet.Spec.MinReadySeconds, seen)
 				}
 				if m.PodMonitor != nil {
 					t.Error("PodMonitor rendered by default")
@@ -545,9 +550,27 @@ func TestTemplateAcceptsEdgeValues(t *testing.T) {
 				t.Errorf("memory limit = %s; want 128Mi", got.String())
 			}
 		}},
-		{name: "memory limit in a form the chart does not read", values: withEndpoints(map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "129e6"}}}), check: func(t *testing.T, m *manifest) {
+		{name: "memory limit as an exponent", values: withEndpoints(map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "129e6"}}}), check: func(t *testing.T, m *manifest) {
 			if got := container(t, m).Resources.Limits[corev1.ResourceMemory]; got.Value() != 129e6 {
-				t.Errorf("memory limit = %s; want 129e6, left to Kubernetes", got.String())
+				t.Errorf("memory limit = %s; want 129e6", got.String())
+			}
+		}},
+		{name: "resources and durations left out", values: withEndpoints(map[string]any{"resources": nil, "healthInterval": nil, "livenessThreshold": nil}), check: func(t *testing.T, m *manifest) {
+			c := container(t, m)
+			if len(c.Resources.Requests) != 0 || len(c.Resources.Limits) != 0 {
+				t.Errorf("resources = %v; want none", c.Resources)
+			}
+			// An empty variable leaves the daemon its default (config.go applyEnv).
+			if env := envValues(t, c); env["EP_HEALTH_INTERVAL"] != "" || env["EP_LIVENESS_THRESHOLD"] != "" {
+				t.Errorf("EP_HEALTH_INTERVAL = %q, EP_LIVENESS_THRESHOLD = %q; want empty, for the daemon's defaults", env["EP_HEALTH_INTERVAL"], env["EP_LIVENESS_THRESHOLD"])
+			}
+		}},
+		{name: "endpoints the daemon reads as they are", values: map[string]any{"endpoints": []string{"192.0.2.11:06443", "192.0.2.11:06443", "[::1]:7445", "127.0.0.2:7445", "[fe80::1%eth0:1]:6443"}}, check: func(t *testing.T, m *manifest) {
+			// A leading zero, a repeat (the daemon keeps one), a loopback
+			// address the IPv4 listener does not take, and a zone of any
+			// characters are all fine with the daemon.
+			if got := envValues(t, container(t, m))["EP_ENDPOINTS"]; got != "192.0.2.11:06443,192.0.2.11:06443,[::1]:7445,127.0.0.2:7445,[fe80::1%eth0:1]:6443" {
+				t.Errorf("EP_ENDPOINTS = %q; want the endpoints as given", got)
 			}
 		}},
 		{name: "Prometheus durations", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "interval": "1m30s", "scrapeTimeout": "90s"}}}), check: func(t *testing.T, m *manifest) {
@@ -616,6 +639,44 @@ func TestTemplateHostCorpus(t *testing.T) {
 // path as a URL, where "%et" is a bad escape.
 func subtestName(host string) string {
 	return strings.ReplaceAll(host, "%", "-zone-")
+}
+
+// TestTemplateDurationsAsTheDaemonReadsThem holds the chart's duration
+// checks to time.ParseDuration, which the daemon's flags use, and to the
+// daemon's rules (config.go validate): each duration is tried as the health
+// timeout under a 20s interval, as the health interval over a 1s timeout,
+// and as the drain timeout, and must render exactly when the daemon would
+// start with it.
+func TestTemplateDurationsAsTheDaemonReadsThem(t *testing.T) {
+	durations := []string{
+		"1s", "15s", "19.999999999s", "20s", "1m", "0.3s", "1.3s", "1300ms", ".5s", "5.s", "+14s", "-14s", "-0", "0",
+		"1.0000000001s", "1.000000001s", "1h0.5s", "1.5m", "500μs", "500µs", "999999999ns", "1000000000ns",
+		"2562047h", "2562048h", "99999999999999999999ns", "1d", "1e3s", "1.2.3s", "s", "14",
+	}
+	contexts := []struct {
+		name  string
+		value func(d string) map[string]any
+		ok    func(d time.Duration) bool
+	}{
+		{"healthTimeout", func(d string) map[string]any { return map[string]any{"healthTimeout": d} },
+			func(d time.Duration) bool { return d >= time.Second && d < 20*time.Second }},
+		{"healthInterval", func(d string) map[string]any { return map[string]any{"healthInterval": d, "healthTimeout": "1s"} },
+			func(d time.Duration) bool { return d > time.Second }},
+		{"drainTimeout", func(d string) map[string]any { return map[string]any{"drainTimeout": d} },
+			func(d time.Duration) bool { return d >= 0 }},
+	}
+	for _, c := range contexts {
+		for _, d := range durations {
+			t.Run(c.name+"/"+d, func(t *testing.T) {
+				parsed, err := time.ParseDuration(d)
+				want := err == nil && c.ok(parsed)
+				out, renderErr := renderYAML(t, withEndpoints(c.value(d)))
+				if got := renderErr == nil; got != want {
+					t.Errorf("%s %q: rendered %v; want %v (the daemon reads %v, err %v). Output:\n%.400s%v", c.name, d, got, want, parsed, err, out, renderErr)
+				}
+			})
+		}
+	}
 }
 
 // hostCorpus reads testdata/hosts.txt: the hosts the daemon accepts and
@@ -712,6 +773,16 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "negative minReadySeconds", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"minReadySeconds": -1}}), want: []string{"'/updateStrategy/minReadySeconds'", "minimum"}},
 		{name: "client certificate without a Secret", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate"}}), want: []string{"readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName"}},
 		{name: "client certificate Secret with a bad name", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate", "clientCertificate": map[string]any{"secretName": "EP_Readyz"}}}), want: []string{"'/readyz/clientCertificate/secretName'"}},
+		{name: "endpoint that is the proxy's listener", values: map[string]any{"endpoints": []string{"192.0.2.11:6443", "127.0.0.1:7445"}}, want: []string{"endpoints 127.0.0.1:7445 name this proxy's own listener 127.0.0.1:7445"}},
+		{name: "localhost endpoint of the proxy's listener", values: map[string]any{"endpoints": []string{"localhost.:7445"}, "bindAddress": "localhost"}, want: []string{"endpoints localhost.:7445 name this proxy's own listener localhost:7445"}},
+		{name: "unspecified endpoint of a loopback listener", values: map[string]any{"endpoints": []string{"[::]:7445"}, "bindAddress": "::1"}, want: []string{"endpoints [::]:7445 name this proxy's own listener [::1]:7445"}},
+		{name: "loopback endpoint of a wildcard listener", values: map[string]any{"endpoints": []string{"[::ffff:127.0.0.9]:07445"}, "bindAddress": "0.0.0.0"}, want: []string{"name this proxy's own listener 0.0.0.0:7445"}},
+		{name: "negative drain timeout", values: withEndpoints(map[string]any{"drainTimeout": "-1s"}), want: []string{"drainTimeout must not be negative: got -1s"}},
+		{name: "duration beyond Go's range", values: withEndpoints(map[string]any{"drainTimeout": "2562048h"}), want: []string{"drainTimeout 2562048h is longer than a Go duration holds"}},
+		{name: "left-out interval below the timeout", values: withEndpoints(map[string]any{"healthInterval": nil, "healthTimeout": "25s"}), want: []string{"healthTimeout must be less than healthInterval: got 25s >= 20s"}},
+		{name: "memory limit below the floor as an exponent", values: withEndpoints(map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "60e6"}}}), want: []string{"resources.limits.memory 60e6 is below 64Mi"}},
+		{name: "memory limit in millibytes", values: withEndpoints(map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "1000m"}}}), want: []string{"resources.limits.memory 1000m is below 64Mi"}},
+		{name: "client certificate left null", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate", "clientCertificate": nil}}), want: []string{"needs readyz.clientCertificate.secretName"}},
 		{name: "existing service account without a name", values: withEndpoints(map[string]any{"serviceAccount": map[string]any{"create": false}}), want: []string{"serviceAccount.name is required"}},
 	}
 	for _, tt := range tests {

@@ -145,13 +145,18 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* The host of a host:port endpoint, without the brackets of an IPv6 address. */}}
+{{- define "extractedprism.endpointHost" -}}
+{{- regexReplaceAll `^\[(.*)\]$` (regexReplaceAll `:[0-9]+$` . "") "${1}" -}}
+{{- end -}}
+
 {{/*
 Why the daemon would refuse the endpoint given, empty if it would not:
 host:port with a host isHost accepts and a port in 1-65535, an IPv6
 address in brackets, and brackets for nothing else.
 */}}
 {{- define "extractedprism.endpointProblem" -}}
-{{- $host := regexReplaceAll `^\[(.*)\]$` (regexReplaceAll `:[0-9]+$` . "") "${1}" -}}
+{{- $host := include "extractedprism.endpointHost" . -}}
 {{- $port := regexReplaceAll `^.*:` . "" -}}
 {{- $problem := "" -}}
 {{- if not (regexMatch `^(\[[^\[\]]*\]|[^\[\]:]+):[0-9]+$` .) -}}
@@ -167,31 +172,96 @@ address in brackets, and brackets for nothing else.
 {{- end -}}
 
 {{/*
-The duration given (a Go duration such as 1m30s, or a Prometheus one such
-as 1d; the schema checks which) in milliseconds, as a float.
+The addresses a host stands for in the daemon's check that no endpoint is
+its own listener, comma-separated: 127.0.0.1 and ::1 for localhost, the
+address itself for an IP address (an IPv4-mapped one as IPv4, IPv6
+loopback and unspecified addresses spelled ::1 and ::), nothing for a
+hostname.
 */}}
-{{- define "extractedprism.milliseconds" -}}
-{{- $ms := dict "ns" 0.000001 "us" 0.001 "µs" 0.001 "ms" 1.0 "s" 1000.0 "m" 60000.0 "h" 3600000.0 "d" 86400000.0 "w" 604800000.0 "y" 31536000000.0 -}}
+{{- define "extractedprism.hostIPs" -}}
+{{- $h := lower (toString .) -}}
+{{- if eq (trimSuffix "." $h) "localhost" -}}
+127.0.0.1,::1
+{{- else if regexMatch (include "extractedprism.ipPattern" "") $h -}}
+{{- $h = regexReplaceAll `^::ffff:([0-9.]+)$` $h "${1}" -}}
+{{- if regexMatch `^[0:]*:0{0,3}1$` $h -}}
+::1
+{{- else if and (contains ":" $h) (regexMatch `^[0:]+$` $h) -}}
+::
+{{- else -}}
+{{ $h }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when a dial to the address ip (from hostIPs) reaches a listener on
+listen, the ports being the same, as the daemon's reaches has it without
+the node's own addresses, which only the daemon knows: the same address; an
+unspecified one, which Linux dials on this host, against a loopback or
+unspecified listener; a loopback one against an unspecified listener.
+*/}}
+{{- define "extractedprism.reaches" -}}
+{{- $ip := index . 0 -}}
+{{- $listen := index . 1 -}}
+{{- $any := list "0.0.0.0" "::" -}}
+{{- $ipLoop := or (hasPrefix "127." $ip) (eq $ip "::1") -}}
+{{- $listenLoop := or (hasPrefix "127." $listen) (eq $listen "::1") -}}
+{{- if or (eq $ip $listen) (and (has $ip $any) (or $listenLoop (has $listen $any))) (and (has $listen $any) $ipLoop) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+The duration given in nanoseconds, as a float, computed as Go's
+time.ParseDuration does: each number's whole part times its unit, plus its
+fraction times the unit truncated to whole nanoseconds (1.0000000001s is
+1s), a leading sign, and 0 for "0". It reads Go durations (1m30s, .5s,
+500µs) and Prometheus ones (1d, 2w); the schema checks which a value must
+be. A value absent or null counts as the default given (a list of the value
+and the default), which is what the daemon uses for an empty variable.
+*/}}
+{{- define "extractedprism.nanoseconds" -}}
+{{- $s := toString (index . 0 | default (index . 1)) -}}
+{{- $unitNs := dict "ns" 1.0 "us" 1e3 "µs" 1e3 "μs" 1e3 "ms" 1e6 "s" 1e9 "m" 6e10 "h" 3.6e12 "d" 8.64e13 "w" 6.048e14 "y" 3.1536e16 -}}
 {{- $total := 0.0 -}}
-{{- range regexFindAll `[0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h|d|w|y)` (toString .) -1 -}}
-{{- $n := regexFind `^[0-9]+(\.[0-9]+)?` . -}}
-{{- $total = addf $total (mulf (float64 $n) (get $ms (trimPrefix $n .))) -}}
+{{- range regexFindAll `([0-9]+\.?[0-9]*|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h|d|w|y)` $s -1 -}}
+{{- $num := regexFind `^[0-9]*\.?[0-9]*` . -}}
+{{- $unit := get $unitNs (trimPrefix $num .) -}}
+{{- $frac := regexReplaceAll `^[0-9]*\.?` $num "" -}}
+{{- $total = addf $total (mulf (float64 (regexFind `^[0-9]*` $num | default "0")) $unit) -}}
+{{- if $frac -}}
+{{- $total = addf $total (floor (mulf (float64 $frac) (divf $unit (float64 (printf "1e%d" (len $frac)))))) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasPrefix "-" $s -}}
+{{- $total = mulf $total -1.0 -}}
 {{- end -}}
 {{- $total -}}
 {{- end -}}
 
 {{/*
-The resource quantity given (128Mi, 64M, 134217728) in bytes, as a float;
-empty for forms it does not read (an exponent, a milli suffix), which the
-checks then leave to Kubernetes.
+The longest duration Go holds, 2562047h47m16.854775807s, in nanoseconds,
+less a margin for the float's rounding: a longer value fails to parse and
+the daemon exits.
+*/}}
+{{- define "extractedprism.maxNanoseconds" -}}9.2233720368547e18{{- end -}}
+
+{{/*
+The resource quantity given (128Mi, 64M, 134217728, 129e6, 0.5Gi) in
+bytes, as a float; empty for a form it does not read, which the checks
+then leave to Kubernetes.
 */}}
 {{- define "extractedprism.bytes" -}}
+{{- $q := toString . -}}
 {{- if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) -}}
 {{- float64 . -}}
+{{- else if regexMatch `^([0-9]+(\.[0-9]*)?|\.[0-9]+)[eE][+-]?[0-9]+$` $q -}}
+{{- float64 $q -}}
 {{- else -}}
-{{- $factor := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
-{{- $n := regexFind `^[0-9]+(\.[0-9]+)?` (toString .) -}}
-{{- $suffix := trimPrefix $n (toString .) -}}
+{{- $factor := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 -}}
+{{- $n := regexFind `^([0-9]+(\.[0-9]*)?|\.[0-9]+)` $q -}}
+{{- $suffix := trimPrefix $n $q -}}
 {{- if and $n (hasKey $factor $suffix) -}}
 {{- mulf (float64 $n) (get $factor $suffix) -}}
 {{- end -}}
@@ -234,24 +304,55 @@ the API.
 {{- fail (printf "readyz.serverName %q must not have an IPv6 zone: certificates know nothing of it" .Values.readyz.serverName) -}}
 {{- end -}}
 {{- end -}}
-{{- /* The daemon's rules on durations (its validate), so that a value it refuses stops the render instead of crash-looping every pod. */ -}}
+{{- $listens := compact (splitList "," (include "extractedprism.hostIPs" .Values.bindAddress)) -}}
+{{- $own := list -}}
+{{- range $e := .Values.endpoints -}}
+{{- $e = toString $e -}}
+{{- if eq (atoi (regexReplaceAll `^.*:` $e "")) (int $.Values.bindPort) -}}
+{{- range $ip := compact (splitList "," (include "extractedprism.hostIPs" (include "extractedprism.endpointHost" $e))) -}}
+{{- range $listen := $listens -}}
+{{- if include "extractedprism.reaches" (list $ip $listen) -}}
+{{- $own = append $own $e -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $own -}}
+{{- fail (printf "endpoints %s name this proxy's own listener %s, which would make it its own upstream: the daemon refuses them" (join ", " (uniq $own)) (include "extractedprism.hostPort" (list .Values.bindAddress .Values.bindPort))) -}}
+{{- end -}}
+{{- /* The daemon's rules on durations (its validate), with its defaults for a value left out, so that a value it refuses stops the render instead of crash-looping every pod. */ -}}
+{{- $defaults := dict "healthInterval" "20s" "healthTimeout" "15s" "livenessInterval" "5s" "livenessThreshold" "15s" "drainTimeout" "30s" -}}
+{{- $ns := dict -}}
+{{- $shown := dict -}}
+{{- range $name, $default := $defaults -}}
+{{- $_ := set $shown $name (get $.Values $name | default $default) -}}
+{{- $v := include "extractedprism.nanoseconds" (list (get $.Values $name) $default) | float64 -}}
+{{- if gt $v (float64 (include "extractedprism.maxNanoseconds" $)) -}}
+{{- fail (printf "%s %s is longer than a Go duration holds (2562047h, 292 years)" $name (get $shown $name)) -}}
+{{- end -}}
+{{- $_ := set $ns $name $v -}}
+{{- end -}}
 {{- range $name := list "healthInterval" "healthTimeout" "livenessInterval" "livenessThreshold" -}}
-{{- if lt (float64 (include "extractedprism.milliseconds" (get $.Values $name))) 1000.0 -}}
-{{- fail (printf "%s must be at least 1s: got %s" $name (get $.Values $name)) -}}
+{{- if lt (get $ns $name) 1e9 -}}
+{{- fail (printf "%s must be at least 1s: got %s" $name (get $shown $name)) -}}
 {{- end -}}
 {{- end -}}
-{{- if ge (float64 (include "extractedprism.milliseconds" .Values.healthTimeout)) (float64 (include "extractedprism.milliseconds" .Values.healthInterval)) -}}
-{{- fail (printf "healthTimeout must be less than healthInterval: got %s >= %s" .Values.healthTimeout .Values.healthInterval) -}}
+{{- if lt (get $ns "drainTimeout") 0.0 -}}
+{{- fail (printf "drainTimeout must not be negative: got %s" (get $shown "drainTimeout")) -}}
 {{- end -}}
-{{- if le (float64 (include "extractedprism.milliseconds" .Values.livenessThreshold)) (float64 (include "extractedprism.milliseconds" .Values.livenessInterval)) -}}
-{{- fail (printf "livenessThreshold must be greater than livenessInterval: got %s <= %s" .Values.livenessThreshold .Values.livenessInterval) -}}
+{{- if ge (get $ns "healthTimeout") (get $ns "healthInterval") -}}
+{{- fail (printf "healthTimeout must be less than healthInterval: got %s >= %s" (get $shown "healthTimeout") (get $shown "healthInterval")) -}}
+{{- end -}}
+{{- if le (get $ns "livenessThreshold") (get $ns "livenessInterval") -}}
+{{- fail (printf "livenessThreshold must be greater than livenessInterval: got %s <= %s" (get $shown "livenessThreshold") (get $shown "livenessInterval")) -}}
 {{- end -}}
 {{- with .Values.metrics.podMonitor -}}
-{{- if and .enabled .scrapeTimeout (gt (float64 (include "extractedprism.milliseconds" .scrapeTimeout)) (float64 (include "extractedprism.milliseconds" .interval))) -}}
+{{- if and .enabled .scrapeTimeout (gt (include "extractedprism.nanoseconds" (list .scrapeTimeout "") | float64) (include "extractedprism.nanoseconds" (list .interval "") | float64)) -}}
 {{- fail (printf "metrics.podMonitor.scrapeTimeout must not exceed metrics.podMonitor.interval (Prometheus refuses the scrape config): got %s > %s" .scrapeTimeout .interval) -}}
 {{- end -}}
 {{- end -}}
-{{- with (.Values.resources.limits | default dict).memory -}}
+{{- with ((.Values.resources | default dict).limits | default dict).memory -}}
 {{- $limit := include "extractedprism.bytes" . -}}
 {{- $floor := include "extractedprism.bytes" (include "extractedprism.minMemoryLimit" $) -}}
 {{- if and $limit (lt (float64 $limit) (float64 $floor)) -}}
@@ -267,7 +368,7 @@ the API.
 {{- if and (ne .Values.healthCheck "readyz") (ne .Values.readyz.credentials "none") -}}
 {{- fail (printf "readyz.credentials=%s is used only by the readyz check: set healthCheck=readyz, or readyz.credentials=none" .Values.readyz.credentials) -}}
 {{- end -}}
-{{- if and (eq .Values.healthCheck "readyz") (eq .Values.readyz.credentials "clientCertificate") (not .Values.readyz.clientCertificate.secretName) -}}
+{{- if and (eq .Values.healthCheck "readyz") (eq .Values.readyz.credentials "clientCertificate") (not (dig "clientCertificate" "secretName" "" .Values.readyz)) -}}
 {{- fail "readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName: the Secret of type kubernetes.io/tls that holds the certificate and key" -}}
 {{- end -}}
 {{- if and .Values.discovery.cache.enabled (not .Values.discovery.enabled) -}}
