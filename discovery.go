@@ -109,7 +109,8 @@ func canonicalEndpoint(hostport string) string {
 // It counts discovery_updates_total{provider} for each list a sub-provider
 // sends. This is the only place that counter is incremented, so each update
 // is counted once whichever provider sent it; the sub-providers count only
-// their own errors.
+// their own errors. It also owns discovery_running{provider} for the
+// providers it runs.
 type mergedProvider struct {
 	log       *slog.Logger
 	m         *metrics
@@ -211,6 +212,8 @@ type providerEvent struct {
 // route to none. A provider that fails is counted in discovery_errors_total
 // and its last list stays in the union, while the others go on; run returns
 // an error only when every provider has failed, and nil when ctx is done.
+// discovery_running{provider} is 1 from the start of each provider's run
+// until it ends before ctx is done, with an error or without.
 func (mp *mergedProvider) run(ctx context.Context, out chan<- []string) error {
 	if len(mp.providers) == 0 {
 		return errors.New("no discovery providers")
@@ -225,6 +228,7 @@ func (mp *mergedProvider) run(ctx context.Context, out chan<- []string) error {
 	mp.preload()
 	events := make(chan providerEvent)
 	for i, p := range mp.providers {
+		mp.m.discoveryStarting(p.name())
 		wg.Go(func() { superviseProvider(ctx, i, p, events) })
 	}
 
@@ -240,12 +244,18 @@ func (mp *mergedProvider) run(ctx context.Context, out chan<- []string) error {
 		name := mp.providers[ev.index].name()
 		if ev.done {
 			running--
-			// An error returned because of cancellation is not a failure.
-			if ev.err != nil && ctx.Err() == nil {
-				mp.m.discoveryErrors.WithLabelValues(name).Inc()
-				mp.log.Warn("discovery provider failed", "provider", name, "err", ev.err)
-				failures = append(failures, fmt.Errorf("%s provider: %w", name, ev.err))
+			// An end caused by cancellation is shutdown, not a failure.
+			if ctx.Err() != nil {
+				continue
 			}
+			mp.m.discoveryRunning.WithLabelValues(name).Set(0)
+			if ev.err == nil {
+				mp.log.Warn("discovery provider stopped", "provider", name)
+				continue
+			}
+			mp.m.discoveryErrors.WithLabelValues(name).Inc()
+			mp.log.Warn("discovery provider failed", "provider", name, "err", ev.err)
+			failures = append(failures, fmt.Errorf("%s provider: %w", name, ev.err))
 			continue
 		}
 		mp.m.discoveryUpdates.WithLabelValues(name).Inc()

@@ -857,6 +857,7 @@ func (p *scriptedProvider) run(ctx context.Context, out chan<- []string) error {
 }
 
 type mergedHarness struct {
+	reg    *prometheus.Registry // m's
 	m      *metrics
 	mp     *mergedProvider
 	out    chan []string
@@ -866,7 +867,14 @@ type mergedHarness struct {
 
 // startMerged runs a merged provider inside the bubble; the test stops it.
 func startMerged(t *testing.T, out chan []string, providers ...provider) *mergedHarness {
-	h := &mergedHarness{m: newMetrics(prometheus.NewRegistry()), out: out, done: make(chan error, 1)}
+	reg := prometheus.NewRegistry()
+	return startMergedOn(t, reg, newMetrics(reg), out, providers...)
+}
+
+// startMergedOn is startMerged with metrics m, registered on reg, which
+// the providers may share.
+func startMergedOn(t *testing.T, reg *prometheus.Registry, m *metrics, out chan []string, providers ...provider) *mergedHarness {
+	h := &mergedHarness{reg: reg, m: m, out: out, done: make(chan error, 1)}
 	mp := newMergedProvider(testLogger(t), h.m, providers...)
 	h.mp = mp
 	ctx, cancel := context.WithCancel(context.Background())
@@ -1041,6 +1049,48 @@ func TestMergedAllFailed(t *testing.T) {
 		}
 		if got, want := h.updates("a"), 1.0; got != want {
 			t.Errorf("discovery_updates_total{a}: got %v; want %v", got, want)
+		}
+	})
+}
+
+// discovery_running says which providers run: 1 from the start, 0 once one
+// ends before shutdown, with an error or without; shutdown leaves it. Each
+// provider's counters exist from the start, so increase works at once.
+func TestMergedReportsRunningProviders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kube := newScripted(kubeProviderName, errors.New("kubernetes broke"))
+		quiet := newScripted("quiet", nil) // returns nil early, against the contract
+		h := startMerged(t, make(chan []string, 10), newStaticProvider([]string{"10.0.0.1:6443"}), kube, quiet)
+		running := func(name string) float64 {
+			return testutil.ToFloat64(h.m.discoveryRunning.WithLabelValues(name))
+		}
+		synctest.Wait()
+		for _, name := range []string{staticProviderName, kubeProviderName, "quiet"} {
+			if got := running(name); got != 1 {
+				t.Errorf("at start, discovery_running{%s}: got %v; want 1", name, got)
+			}
+		}
+		if got, want := testutil.CollectAndCount(h.m.discoveryUpdates), 3; got != want {
+			t.Errorf("discovery_updates_total series before kubernetes and quiet sent a list: got %v; want %v", got, want)
+		}
+		if got, want := testutil.CollectAndCount(h.m.discoveryErrors), 3; got != want {
+			t.Errorf("discovery_errors_total series before any error: got %v; want %v", got, want)
+		}
+		close(kube.lists)
+		close(quiet.lists)
+		synctest.Wait()
+		if got := running(kubeProviderName); got != 0 {
+			t.Errorf("after kubernetes failed, discovery_running{kubernetes}: got %v; want 0", got)
+		}
+		if got := running("quiet"); got != 0 {
+			t.Errorf("after quiet returned nil, discovery_running{quiet}: got %v; want 0", got)
+		}
+		if got, want := h.errorsOf("quiet"), 0.0; got != want {
+			t.Errorf("discovery_errors_total{quiet}: got %v; want %v", got, want)
+		}
+		h.stop(t)
+		if got := running(staticProviderName); got != 1 {
+			t.Errorf("after shutdown, discovery_running{static}: got %v; want 1", got)
 		}
 	})
 }

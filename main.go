@@ -126,9 +126,14 @@
 // _clients_refused_total, _connection_limit,
 // _upstream_dial_duration_seconds{upstream}, _upstream_connections{upstream},
 // _drains_in_progress, _build_info{version,revision,goversion},
-// _health_connections_closed_total{reason}, and with the
+// _health_connections_closed_total{reason},
+// _discovery_running{provider}, and with the
 // modes that produce them _upstream_rtt_seconds, _upstream_latency_tier and
-// _upstream_ready.
+// _upstream_ready. Each provider's discovery series exist from the start;
+// with --enable-discovery the kubernetes ones exist even when discovery
+// cannot start, which shows as _discovery_running{provider="kubernetes"} 0
+// and one error. deploy/prometheus/alerts.yaml alerts on that
+// (ExtractedprismDiscoveryNotRunning) and on failing discovery.
 //
 // # Shutdown
 //
@@ -408,6 +413,8 @@ func (d *daemon) withoutOwnListener(eps []string) []string {
 // exist, the Kubernetes provider, with the endpoint cache standing in for it
 // until it answers. Without the Kubernetes provider the cache is not used:
 // nothing would ever replace its list, which may name API servers long gone.
+// When it is enabled but cannot start, its metric series are created with
+// discovery_running 0 and one error.
 func providers(cfg *config, log *slog.Logger, m *metrics, lbAddr string, cache *endpointCache) []provider {
 	ps := []provider{newStaticProvider(cfg.Endpoints)}
 	if !cfg.EnableDiscovery {
@@ -418,6 +425,11 @@ func providers(cfg *config, log *slog.Logger, m *metrics, lbAddr string, cache *
 		Kubeconfig: cfg.Kubeconfig,
 		ServerName: "kubernetes.default.svc",
 	}, log.With("component", "discovery", "provider", "kubernetes"), m)
+	if err != nil {
+		// Asked for but off: say so in the metrics from the first scrape
+		// (ExtractedprismDiscoveryNotRunning), as the log line is easy to miss.
+		m.discoveryNotStarted(kubeProviderName)
+	}
 	switch {
 	case errors.Is(err, errNoKubeCredentials):
 		log.Warn("kubernetes discovery off, serving static endpoints only", "err", err)

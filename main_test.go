@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -525,6 +528,149 @@ current-context: x
 		t.Fatal(err)
 	}
 	return path
+}
+
+// discoveryStartFailure is a configuration with --enable-discovery under
+// which the kubernetes provider cannot start.
+type discoveryStartFailure struct {
+	name       string
+	kubeconfig string
+}
+
+// discoveryStartFailures are the ways the kubernetes provider can fail to
+// start: no credentials at all (only where this machine has no
+// service-account files), a --kubeconfig that does not load, and one that
+// loads but yields no client.
+func discoveryStartFailures(t *testing.T) []discoveryStartFailure {
+	t.Helper()
+	badCA := t.TempDir() + "/kubeconfig"
+	if err := os.WriteFile(badCA, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", certificate-authority-data: bm90IGEgY2VydGlmaWNhdGU=}}]
+users: [{name: u, user: {token: nothing}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	failures := []discoveryStartFailure{
+		{"kubeconfig does not load", "/nonexistent/kubeconfig"},
+		{"kubeconfig CA is not PEM", badCA},
+	}
+	if _, err := os.Stat(defaultServiceAccountDir); errors.Is(err, fs.ErrNotExist) {
+		failures = append(failures, discoveryStartFailure{"no credentials", ""})
+	} else {
+		t.Logf("%s exists here: the no-credentials case is not tested", defaultServiceAccountDir)
+	}
+	return failures
+}
+
+// seriesValue returns the value of the one series of the metric name
+// gathered from g with the labels given (and any others), and whether there
+// is one.
+func seriesValue(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	found := selectSeries(t, g, name, labels)
+	switch len(found) {
+	case 0:
+		return 0, false
+	case 1:
+		return found[0].value, true
+	}
+	t.Fatalf("%s%v: %d series; want at most one", name, labels, len(found))
+	return 0, false
+}
+
+// TestProvidersReportDiscoveryThatCannotStart: with --enable-discovery and a
+// kubernetes provider that cannot start, the static endpoints serve alone,
+// and the kubernetes series exist from the start: running 0, one error,
+// updates 0. Without --enable-discovery there are none.
+func TestProvidersReportDiscoveryThatCannotStart(t *testing.T) {
+	kube := map[string]string{labelProvider: kubeProviderName}
+	for _, tt := range discoveryStartFailures(t) {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			cfg := &config{Endpoints: []string{"10.0.0.1:6443"}, EnableDiscovery: true, Kubeconfig: tt.kubeconfig}
+			ps := providers(cfg, testLogger(t), newMetrics(reg), "127.0.0.1:7445", nil)
+			if len(ps) != 1 || ps[0].name() != staticProviderName {
+				t.Errorf("providers: got %d, the first %q; want the static one alone", len(ps), ps[0].name())
+			}
+			for _, want := range []struct {
+				name  string
+				value float64
+			}{
+				{"extractedprism_discovery_running", 0},
+				{"extractedprism_discovery_errors_total", 1},
+				{"extractedprism_discovery_updates_total", 0},
+			} {
+				got, ok := seriesValue(t, reg, want.name, kube)
+				if !ok || got != want.value {
+					t.Errorf("%s{provider=\"kubernetes\"}: got %v (exists %v); want %v", want.name, got, ok, want.value)
+				}
+			}
+		})
+	}
+	t.Run("discovery disabled", func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		cfg := &config{Endpoints: []string{"10.0.0.1:6443"}, Kubeconfig: "/nonexistent/kubeconfig"}
+		providers(cfg, testLogger(t), newMetrics(reg), "127.0.0.1:7445", nil)
+		for _, name := range []string{"extractedprism_discovery_running", "extractedprism_discovery_errors_total", "extractedprism_discovery_updates_total"} {
+			if got, ok := seriesValue(t, reg, name, kube); ok {
+				t.Errorf("%s{provider=\"kubernetes\"}: got %v; want no series", name, got)
+			}
+		}
+	})
+}
+
+// TestRunReportsWhetherDiscoveryRuns runs the daemon with discovery
+// enabled: one whose kubernetes provider cannot start keeps serving and
+// exports discovery_running 0 from the first scrape; one whose provider
+// runs, though its requests fail, exports 1.
+func TestRunReportsWhetherDiscoveryRuns(t *testing.T) {
+	tests := []struct {
+		name       string
+		kubeconfig string
+		settles    bool     // the lines may take a moment; otherwise the first scrape has them
+		want       []string // lines of /metrics
+	}{
+		{"cannot start", "/nonexistent/kubeconfig", false, []string{
+			`extractedprism_discovery_running{provider="kubernetes"} 0`,
+			`extractedprism_discovery_errors_total{provider="kubernetes"} 1`,
+			`extractedprism_discovery_updates_total{provider="kubernetes"} 0`,
+		}},
+		// discovery_running{kubernetes} is set as the merged provider
+		// starts, which /healthz does not wait for.
+		{"runs", uselessKubeconfig(t), true, []string{
+			`extractedprism_discovery_running{provider="kubernetes"} 1`,
+			`extractedprism_discovery_running{provider="static"} 1`,
+			`extractedprism_discovery_updates_total{provider="kubernetes"} 0`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := startUpstream(t, echo)
+			d := startDaemon(t, nil, "--endpoints", a.addr, "--enable-discovery=true", "--kubeconfig", tt.kubeconfig)
+			c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if err := roundTrip(c, []byte("static endpoints serve")); err != nil {
+				t.Fatal(err)
+			}
+			missing := func() []string {
+				_, body := httpGet(d.healthBase + "/metrics")
+				lines := strings.Split(body, "\n")
+				return slices.DeleteFunc(slices.Clone(tt.want), func(l string) bool { return slices.Contains(lines, l) })
+			}
+			if tt.settles {
+				waitFor(t, fmt.Sprintf("/metrics to show %q", tt.want), func() bool { return len(missing()) == 0 })
+			}
+			if m := missing(); len(m) > 0 {
+				t.Errorf("/metrics lacks the lines %q", m)
+			}
+		})
+	}
 }
 
 // TestRunIgnoresCacheWithoutDiscovery: when the kubernetes provider cannot

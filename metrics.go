@@ -32,6 +32,9 @@ type metrics struct {
 	upstreamConns   *prometheus.GaugeVec     // upstream
 	drains          prometheus.Gauge
 	buildInfo       *prometheus.GaugeVec // version, revision, goversion
+	// discoveryRunning is 1 while a discovery provider runs and 0 once it
+	// is enabled but could not start or has stopped for good, by provider.
+	discoveryRunning *prometheus.GaugeVec
 	// healthConnsClosed counts the health server's connections closed at
 	// its connection limit, by reason: reasonWaiting or reasonNew.
 	healthConnsClosed *prometheus.CounterVec
@@ -107,6 +110,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
 		m.hedgedDials, m.hedgedWins, m.deadConnsClosed, m.clientsRefused, m.connLimit,
 		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo, m.healthConnsClosed,
+		m.discoveryRunning,
 	)
 	version, revision := versionInfo()
 	m.buildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
@@ -160,6 +164,28 @@ func (m *metrics) addBeyondSpec() {
 	// before the first closing.
 	m.healthConnsClosed.WithLabelValues(reasonWaiting)
 	m.healthConnsClosed.WithLabelValues(reasonNew)
+	m.discoveryRunning = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: metricNamespace, Name: "discovery_running",
+		Help: "1 while the discovery provider runs; 0 once it is enabled but could not start, or stopped before shutdown. The kubernetes series exists only with --enable-discovery.",
+	}, []string{labelProvider})
+}
+
+// discoveryStarting creates the series of provider name, so that increase
+// and rate over them work from the first scrape, and marks it running.
+func (m *metrics) discoveryStarting(name string) {
+	m.discoveryUpdates.WithLabelValues(name)
+	m.discoveryErrors.WithLabelValues(name)
+	m.discoveryRunning.WithLabelValues(name).Set(1)
+}
+
+// discoveryNotStarted records that provider name is enabled but could not
+// start: one error, and running 0. Without it an enabled provider that
+// never started would have no series at all, and no alert over them could
+// fire while the node silently followed only its static endpoints.
+func (m *metrics) discoveryNotStarted(name string) {
+	m.discoveryUpdates.WithLabelValues(name)
+	m.discoveryErrors.WithLabelValues(name).Inc()
+	m.discoveryRunning.WithLabelValues(name).Set(0)
 }
 
 // registerRuntimeMetrics registers the standard process_ and go_ metrics on

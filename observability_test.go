@@ -8,16 +8,20 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 var (
@@ -529,4 +533,199 @@ func TestObservabilityAlerts(t *testing.T) {
 			t.Errorf("%s: %s in %s", alertsPath, p, expr)
 		}
 	}
+}
+
+// series is one gathered sample: its labels and value.
+type series struct {
+	labels map[string]string
+	value  float64
+}
+
+// selectSeries returns the series of the metric name gathered from g that
+// carry the labels given, as a PromQL selector with = matchers would.
+func selectSeries(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) []series {
+	t.Helper()
+	families, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []series
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			s := series{labels: map[string]string{}}
+			for _, lp := range m.GetLabel() {
+				s.labels[lp.GetName()] = lp.GetValue()
+			}
+			matches := true
+			for k, v := range labels {
+				matches = matches && s.labels[k] == v
+			}
+			if !matches {
+				continue
+			}
+			switch {
+			case m.GetGauge() != nil:
+				s.value = m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				s.value = m.GetCounter().GetValue()
+			default:
+				t.Fatalf("%s: neither a gauge nor a counter", name)
+			}
+			found = append(found, s)
+		}
+	}
+	return found
+}
+
+// alertExpr returns the expr of the alert named name in the rule file,
+// pairing the alert: lines with alertExprs in order (TestObservabilityAlerts
+// checks there is one expr per alert).
+func alertExpr(t *testing.T, name string) string {
+	t.Helper()
+	data, err := os.ReadFile(alertsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	names := regexp.MustCompile(`(?m)^\s*-?\s*alert:\s*(\S+)`).FindAllStringSubmatch(text, -1)
+	exprs := alertExprs(text)
+	if len(names) != len(exprs) {
+		t.Fatalf("found %d exprs for %d alerts in %s", len(exprs), len(names), alertsPath)
+	}
+	for i, n := range names {
+		if n[1] == name {
+			return exprs[i]
+		}
+	}
+	t.Fatalf("%s: no alert %s", alertsPath, name)
+	return ""
+}
+
+// comparisonRule is the one expression form firingSeries evaluates: a
+// selector with = matchers compared with a number.
+var (
+	comparisonRule = regexp.MustCompile(`^([a-z_]+)\{([^}]*)\}\s*(==|!=|>|<)\s*([0-9.]+)$`)
+	equalMatcher   = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"`)
+)
+
+// firingSeries evaluates expr over what g gathers, as Prometheus evaluates
+// an alert's expression at one instant, and returns the series for which it
+// holds: each would be an alert once the pending time has passed.
+func firingSeries(t *testing.T, expr string, g prometheus.Gatherer) []series {
+	t.Helper()
+	m := comparisonRule.FindStringSubmatch(expr)
+	if m == nil {
+		t.Fatalf("%q: not a selector compared with a number; firingSeries cannot evaluate it", expr)
+	}
+	name, matchers, op := m[1], m[2], m[3]
+	bound, err := strconv.ParseFloat(m[4], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{}
+	for _, lm := range equalMatcher.FindAllStringSubmatch(matchers, -1) {
+		labels[lm[1]] = lm[2]
+	}
+	if len(labels) != len(labelMatcher.FindAllString(matchers, -1)) {
+		t.Fatalf("%q: a matcher other than =; firingSeries cannot evaluate it", expr)
+	}
+	holds := map[string]func(v float64) bool{
+		"==": func(v float64) bool { return v == bound },
+		"!=": func(v float64) bool { return v != bound },
+		">":  func(v float64) bool { return v > bound },
+		"<":  func(v float64) bool { return v < bound },
+	}[op]
+	return slices.DeleteFunc(selectSeries(t, g, name, labels), func(s series) bool { return !holds(s.value) })
+}
+
+// TestObservabilityFiringSeries shows that firingSeries selects, compares
+// and refuses what it cannot evaluate.
+func TestObservabilityFiringSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg)
+	m.discoveryRunning.WithLabelValues(kubeProviderName).Set(0)
+	m.discoveryRunning.WithLabelValues(staticProviderName).Set(1)
+	tests := []struct {
+		expr string
+		want []string // provider labels of the firing series, sorted
+	}{
+		{`extractedprism_discovery_running{provider="kubernetes"} == 0`, []string{kubeProviderName}},
+		{`extractedprism_discovery_running{provider="static"} == 0`, nil},
+		{`extractedprism_discovery_running{} < 1`, []string{kubeProviderName}},
+		{`extractedprism_discovery_running{} > 0`, []string{staticProviderName}},
+		{`extractedprism_discovery_running{provider="cache"} == 0`, nil},
+	}
+	for _, tt := range tests {
+		var got []string
+		for _, s := range firingSeries(t, tt.expr, reg) {
+			got = append(got, s.labels[labelProvider])
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: got %q; want %q", tt.expr, got, tt.want)
+		}
+	}
+}
+
+// TestObservabilityDiscoveryNotRunningAlert evaluates the rule's expression
+// over what the daemon exports: it holds for the kubernetes provider when
+// discovery is enabled and could not start, or stopped; not when discovery
+// is off or runs.
+func TestObservabilityDiscoveryNotRunningAlert(t *testing.T) {
+	expr := alertExpr(t, "ExtractedprismDiscoveryNotRunning")
+	wantKube := func(t *testing.T, got []series) {
+		t.Helper()
+		if len(got) != 1 || got[0].labels[labelProvider] != kubeProviderName {
+			t.Errorf("%s holds for %v; want the kubernetes provider alone", expr, got)
+		}
+	}
+	for _, tt := range discoveryStartFailures(t) {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			cfg := &config{Endpoints: []string{"10.0.0.1:6443"}, EnableDiscovery: true, Kubeconfig: tt.kubeconfig}
+			providers(cfg, testLogger(t), newMetrics(reg), "127.0.0.1:7445", nil)
+			wantKube(t, firingSeries(t, expr, reg))
+		})
+	}
+	t.Run("discovery disabled", func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		providers(&config{Endpoints: []string{"10.0.0.1:6443"}}, testLogger(t), newMetrics(reg), "127.0.0.1:7445", nil)
+		if got := firingSeries(t, expr, reg); len(got) != 0 {
+			t.Errorf("%s holds for %v; want nothing", expr, got)
+		}
+	})
+	t.Run("discovery runs", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			m := newMetrics(reg)
+			client := fake.NewClientset(kubeSlice("kubernetes", "1", "10.0.0.2"))
+			kube := newKubeWatcher(fakeSlices{client}, testLogger(t), m, func() float64 { return 0 })
+			h := startMergedOn(t, reg, m, make(chan []string, 10), newStaticProvider([]string{"10.0.0.1:6443"}), kube)
+			sent := h.sent()
+			if len(sent) == 0 || !slices.Equal(sent[len(sent)-1], []string{"10.0.0.1:6443", "10.0.0.2:6443"}) {
+				t.Fatalf("sent %q; want the discovered endpoint to join the static one", sent)
+			}
+			if got := firingSeries(t, expr, reg); len(got) != 0 {
+				t.Errorf("%s holds for %v; want nothing", expr, got)
+			}
+			h.stop(t)
+		})
+	})
+	t.Run("kubernetes provider stopped", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			kube := newScripted(kubeProviderName, errors.New("kubernetes broke"))
+			h := startMerged(t, make(chan []string, 10), newStaticProvider([]string{"10.0.0.1:6443"}), kube)
+			synctest.Wait()
+			if got := firingSeries(t, expr, h.reg); len(got) != 0 {
+				t.Errorf("while it runs, %s holds for %v; want nothing", expr, got)
+			}
+			close(kube.lists)
+			synctest.Wait()
+			wantKube(t, firingSeries(t, expr, h.reg))
+			h.stop(t)
+		})
+	})
 }

@@ -144,6 +144,7 @@ var wantAlerts = map[string]struct {
 	"ExtractedprismUpstreamFlapping":              {"warning", 5 * time.Minute},
 	"ExtractedprismUpstreamDown":                  {"warning", 10 * time.Minute},
 	"ExtractedprismDiscoveryFailing":              {"warning", 10 * time.Minute},
+	"ExtractedprismDiscoveryNotRunning":           {"warning", 5 * time.Minute},
 	"ExtractedprismLivenessFailing":               {"warning", 5 * time.Minute},
 	"ExtractedprismNotReadyUpstreams":             {"warning", 5 * time.Minute},
 	"ExtractedprismHealthServerAtConnectionLimit": {"warning", 10 * time.Minute},
