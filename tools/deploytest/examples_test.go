@@ -27,19 +27,18 @@ var (
 	daemonConfigPath = filepath.Join(repoRoot, "config.go")
 )
 
-// daemonVariables returns the EP_* variable of every flag config.go
-// defines: the flag name of each fs.XxxVar call, upper-cased, dashes to
-// underscores. --version has none.
-func daemonVariables(t *testing.T) map[string]bool {
+// flagCalls parses config.go and returns its fs.XxxVar calls, the flag
+// definitions, by flag name, with the parsed file.
+func flagCalls(t *testing.T) (*ast.File, map[string]*ast.CallExpr) {
 	t.Helper()
 	file, err := parser.ParseFile(token.NewFileSet(), daemonConfigPath, nil, 0)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	vars := map[string]bool{}
+	calls := map[string]*ast.CallExpr{}
 	ast.Inspect(file, func(n ast.Node) bool {
 		call, ok := n.(*ast.CallExpr)
-		if !ok || len(call.Args) < 2 {
+		if !ok || len(call.Args) < 3 {
 			return true
 		}
 		sel, ok := call.Fun.(*ast.SelectorExpr)
@@ -49,19 +48,36 @@ func daemonVariables(t *testing.T) map[string]bool {
 		if recv, ok := sel.X.(*ast.Ident); !ok || recv.Name != "fs" {
 			return true
 		}
-		lit, ok := call.Args[1].(*ast.BasicLit)
-		if !ok || lit.Kind != token.STRING {
-			return true
+		if name, ok := stringLiteral(call.Args[1]); ok {
+			calls[name] = call
 		}
-		name, err := strconv.Unquote(lit.Value)
-		if err != nil {
-			t.Fatalf("%v", err)
-		}
-		vars["EP_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))] = true
 		return true
 	})
-	if len(vars) < 10 {
-		t.Fatalf("found only %d flags in %s: %v; has the flag set moved?", len(vars), daemonConfigPath, vars)
+	if len(calls) < 10 {
+		t.Fatalf("found only %d flags in %s; has the flag set moved?", len(calls), daemonConfigPath)
+	}
+	return file, calls
+}
+
+// stringLiteral returns the value of a string literal.
+func stringLiteral(e ast.Expr) (string, bool) {
+	lit, ok := e.(*ast.BasicLit)
+	if !ok || lit.Kind != token.STRING {
+		return "", false
+	}
+	s, err := strconv.Unquote(lit.Value)
+	return s, err == nil
+}
+
+// daemonVariables returns the EP_* variable of every flag config.go
+// defines: the flag name of each fs.XxxVar call, upper-cased, dashes to
+// underscores. --version has none.
+func daemonVariables(t *testing.T) map[string]bool {
+	t.Helper()
+	_, calls := flagCalls(t)
+	vars := map[string]bool{}
+	for name := range calls {
+		vars["EP_"+strings.ToUpper(strings.ReplaceAll(name, "-", "_"))] = true
 	}
 	return vars
 }
@@ -432,67 +448,53 @@ func atoi(t *testing.T, what, s string) int {
 // assigned to the field the flag writes.
 func daemonDefault(t *testing.T, flag string) string {
 	t.Helper()
-	file, err := parser.ParseFile(token.NewFileSet(), daemonConfigPath, nil, 0)
-	if err != nil {
-		t.Fatalf("%v", err)
+	file, calls := flagCalls(t)
+	call, ok := calls[flag]
+	if !ok {
+		t.Fatalf("no --%s in %s", flag, daemonConfigPath)
 	}
 	literal := func(e ast.Expr) (string, bool) {
+		if s, ok := stringLiteral(e); ok {
+			return s, true
+		}
 		lit, ok := e.(*ast.BasicLit)
 		if !ok {
 			return "", false
 		}
-		if lit.Kind == token.STRING {
-			s, err := strconv.Unquote(lit.Value)
-			return s, err == nil
-		}
 		return lit.Value, true
 	}
-	var field string // the cfg field an fs.Var flag writes
+	if call.Fun.(*ast.SelectorExpr).Sel.Name != "Var" {
+		if v, ok := literal(call.Args[2]); ok {
+			return v
+		}
+		t.Fatalf("--%s has no literal default in %s", flag, daemonConfigPath)
+	}
+	// fs.Var((*portNumber)(&cfg.BindPort), ...): the default is what
+	// cfg.BindPort holds before parsing, the literal last assigned to it.
+	var field string
+	ast.Inspect(call.Args[0], func(n ast.Node) bool {
+		if s, ok := n.(*ast.SelectorExpr); ok {
+			field = s.Sel.Name
+			return false
+		}
+		return true
+	})
 	var value string
 	found := false
 	ast.Inspect(file, func(n ast.Node) bool {
-		call, ok := n.(*ast.CallExpr)
-		if !ok || len(call.Args) < 3 {
+		assign, ok := n.(*ast.AssignStmt)
+		if !ok || len(assign.Lhs) != len(assign.Rhs) {
 			return true
 		}
-		sel, ok := call.Fun.(*ast.SelectorExpr)
-		if !ok || !strings.HasSuffix(sel.Sel.Name, "Var") {
-			return true
-		}
-		if name, ok := literal(call.Args[1]); !ok || name != flag {
-			return true
-		}
-		if sel.Sel.Name != "Var" {
-			value, found = literal(call.Args[2])
-			return false
-		}
-		// fs.Var((*portNumber)(&cfg.BindPort), ...): the default is what
-		// cfg.BindPort holds before parsing.
-		ast.Inspect(call.Args[0], func(n ast.Node) bool {
-			if s, ok := n.(*ast.SelectorExpr); ok {
-				field = s.Sel.Name
-				return false
-			}
-			return true
-		})
-		return false
-	})
-	if field != "" {
-		ast.Inspect(file, func(n ast.Node) bool {
-			assign, ok := n.(*ast.AssignStmt)
-			if !ok || len(assign.Lhs) != len(assign.Rhs) {
-				return true
-			}
-			for i, lhs := range assign.Lhs {
-				if s, ok := lhs.(*ast.SelectorExpr); ok && s.Sel.Name == field {
-					if v, ok := literal(assign.Rhs[i]); ok {
-						value, found = v, true
-					}
+		for i, lhs := range assign.Lhs {
+			if s, ok := lhs.(*ast.SelectorExpr); ok && s.Sel.Name == field {
+				if v, ok := literal(assign.Rhs[i]); ok {
+					value, found = v, true
 				}
 			}
-			return true
-		})
-	}
+		}
+		return true
+	})
 	if !found {
 		t.Fatalf("no literal default for --%s in %s; has the flag set moved?", flag, daemonConfigPath)
 	}
