@@ -139,8 +139,10 @@
 //
 // SIGINT or SIGTERM stops discovery, closes the listener, force-closes the
 // proxied connections, waits up to 5 s for their goroutines and gives the
-// health server 5 s to finish. Log lines still queued for stderr get 2 s
-// more. The exit status is 0, or 1 if the goroutines outlast the 5 s or the
+// health server 5 s to finish. An endpoint cache write still under way
+// gets 5 s as well; one stuck longer (fsync on a hung volume) is left
+// unfinished, which keeps the cache file's last complete list. Log lines
+// still queued for stderr get 2 s more. The exit status is 0, or 1 if the goroutines outlast the 5 s or the
 // health server had failed. SIGHUP is logged and ignored: nothing is
 // reloaded.
 package main
@@ -480,9 +482,13 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	discDone := make(chan error, 1)
 	var healthErr error
 	var wg sync.WaitGroup
+	// The cache writer is waited for apart and for at most shutdownTimeout
+	// (see below): a write stuck in fsync, on a hung network volume, must
+	// not hold the exit.
+	var cacheWG sync.WaitGroup
 	toCache := make(chan []string, 1)
 	if d.cache != nil {
-		wg.Go(func() { d.cacheWriter(ctx, toCache) })
+		cacheWG.Go(func() { d.cacheWriter(ctx, toCache) })
 	}
 	wg.Go(func() { discDone <- d.discovery.run(ctx, updates) })
 	served := make(chan struct{})
@@ -496,8 +502,28 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	err := d.proxy.shutdown()
 	d.pool.close()
 	wg.Wait()
+	if !waitGroupWithin(&cacheWG, shutdownTimeout) {
+		// The write is atomic (see endpointCache.store): the file keeps
+		// the last complete list, and a temporary file may stay beside it.
+		d.log.Warn("endpoint cache write still running at exit, left unfinished", "path", d.cache.path, "after", shutdownTimeout)
+	}
 	d.log.Info("stopped")
 	return errors.Join(err, healthErr)
+}
+
+// waitGroupWithin waits for wg for up to timeout and reports whether it
+// finished. Goroutines still running then end with the process.
+func waitGroupWithin(wg *sync.WaitGroup, timeout time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // logStart logs the start-up line, and a warning when the open-files

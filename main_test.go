@@ -728,6 +728,31 @@ func TestCacheWriterWritesDiscoveredLists(t *testing.T) {
 	wg.Wait()
 }
 
+// TestWaitGroupWithin: the daemon's exit waits for the endpoint cache
+// writer at most shutdownTimeout, so a write stuck in fsync cannot hold it.
+func TestWaitGroupWithin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var wg sync.WaitGroup
+		stuck := make(chan struct{})
+		wg.Go(func() { <-stuck })
+		start := time.Now()
+		if waitGroupWithin(&wg, shutdownTimeout) {
+			t.Fatal("reported finished while the goroutine was still running")
+		}
+		if got := time.Since(start); got != shutdownTimeout {
+			t.Errorf("waited %v; want %v", got, shutdownTimeout)
+		}
+		close(stuck)
+		start = time.Now()
+		if !waitGroupWithin(&wg, shutdownTimeout) {
+			t.Fatal("reported unfinished after the goroutine ended")
+		}
+		if got := time.Since(start); got != 0 {
+			t.Errorf("waited %v for a finished group; want no wait", got)
+		}
+	})
+}
+
 func TestMemoryReleaseDue(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {

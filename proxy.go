@@ -58,6 +58,13 @@ const (
 
 	// workerIdle is how long a worker goroutine waits for its next task.
 	workerIdle = 5 * time.Second
+
+	// flushTimeout bounds how long a failed connection's live peer gets to
+	// take what is queued for it (flushThenReset), and how long a yielded
+	// direction may go on (session.failed). A peer that reads does so in
+	// milliseconds; one that has stopped reading loses the rest when it
+	// runs out.
+	flushTimeout = 10 * time.Second
 )
 
 var (

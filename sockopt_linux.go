@@ -511,11 +511,6 @@ func tcpInfo(c net.Conn) (*unix.TCPInfo, bool) {
 	return ti, true
 }
 
-// flushTimeout bounds how long flushThenReset waits for peers to take
-// what is queued for them. A peer that reads does so in milliseconds; one
-// that has stopped reading loses the rest when it runs out.
-const flushTimeout = 10 * time.Second
-
 // flushThenReset waits until the peers of cs have acknowledged everything
 // queued on them, up to flushTimeout, and then closes cs with a reset.
 // Closing at once would throw the queues away: the kernel resets a socket
