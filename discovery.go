@@ -139,7 +139,12 @@ type fallbackProvider interface {
 
 // newMergedProvider returns a provider over providers; it starts nothing until
 // run.
+// newMergedProvider returns the merge of providers, whose update and error
+// series it creates at once: the daemon builds it before anything serves.
 func newMergedProvider(log *slog.Logger, m *metrics, providers ...provider) *mergedProvider {
+	for _, p := range providers {
+		m.discoverySeries(p.name())
+	}
 	return &mergedProvider{log: log, m: m, providers: providers, byName: map[string][]string{}}
 }
 
@@ -228,7 +233,7 @@ func (mp *mergedProvider) run(ctx context.Context, out chan<- []string) error {
 	mp.preload()
 	events := make(chan providerEvent)
 	for i, p := range mp.providers {
-		mp.m.discoveryStarting(p.name())
+		mp.m.discoveryRunning.WithLabelValues(p.name()).Set(1)
 		wg.Go(func() { superviseProvider(ctx, i, p, events) })
 	}
 

@@ -129,8 +129,10 @@
 // _health_connections_closed_total{reason},
 // _discovery_running{provider}, and with the
 // modes that produce them _upstream_rtt_seconds, _upstream_latency_tier and
-// _upstream_ready. Each provider's discovery series exist from the start;
-// with --enable-discovery the kubernetes ones exist even when discovery
+// _upstream_ready. Each provider's update and error series exist from the
+// start at 0, and its _discovery_running from the moment discovery starts,
+// just after the health server; with --enable-discovery the kubernetes ones
+// exist even when discovery
 // cannot start, which shows as _discovery_running{provider="kubernetes"} 0
 // and one error. deploy/prometheus/alerts.yaml alerts on that
 // (ExtractedprismDiscoveryNotRunning) and on failing discovery.

@@ -83,7 +83,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{labelProvider}),
 		discoveryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: metricNamespace, Name: "discovery_errors_total",
-			Help: "Discovery errors: provider failures, failed Watch calls, watch error events and failed re-lists.",
+			Help: "Discovery errors: provider failures (a kubernetes provider that cannot start counts once), failed List and Watch calls, watch error events (not 410 Gone).",
 		}, []string{labelProvider}),
 		upstreamRTT: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: metricNamespace, Name: "upstream_rtt_seconds",
@@ -170,12 +170,11 @@ func (m *metrics) addBeyondSpec() {
 	}, []string{labelProvider})
 }
 
-// discoveryStarting creates the series of provider name, so that increase
-// and rate over them work from the first scrape, and marks it running.
-func (m *metrics) discoveryStarting(name string) {
+// discoverySeries creates the update and error series of provider name at
+// 0, so that increase and rate over them work from the first scrape.
+func (m *metrics) discoverySeries(name string) {
 	m.discoveryUpdates.WithLabelValues(name)
 	m.discoveryErrors.WithLabelValues(name)
-	m.discoveryRunning.WithLabelValues(name).Set(1)
 }
 
 // discoveryNotStarted records that provider name is enabled but could not
