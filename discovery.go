@@ -138,9 +138,8 @@ type fallbackProvider interface {
 }
 
 // newMergedProvider returns a provider over providers; it starts nothing until
-// run.
-// newMergedProvider returns the merge of providers, whose update and error
-// series it creates at once: the daemon builds it before anything serves.
+// run, but creates their update and error series at once: the daemon builds
+// it before anything serves.
 func newMergedProvider(log *slog.Logger, m *metrics, providers ...provider) *mergedProvider {
 	for _, p := range providers {
 		m.discoverySeries(p.name())

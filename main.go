@@ -132,9 +132,8 @@
 // _upstream_ready. Each provider's update and error series exist from the
 // start at 0, and its _discovery_running from the moment discovery starts,
 // just after the health server; with --enable-discovery the kubernetes ones
-// exist even when discovery
-// cannot start, which shows as _discovery_running{provider="kubernetes"} 0
-// and one error. deploy/prometheus/alerts.yaml alerts on that
+// exist even when discovery cannot start, which shows as
+// _discovery_running{provider="kubernetes"} 0 and one error. deploy/prometheus/alerts.yaml alerts on that
 // (ExtractedprismDiscoveryNotRunning) and on failing discovery.
 //
 // # Shutdown
@@ -144,8 +143,8 @@
 // health server 5 s to finish. An endpoint cache write still under way
 // gets 5 s as well; one stuck longer (fsync on a hung volume) is left
 // unfinished, which keeps the cache file's last complete list. Log lines
-// still queued for stderr get 2 s more. The exit status is 0, or 1 if the goroutines outlast the 5 s or the
-// health server had failed. SIGHUP is logged and ignored: nothing is
+// still queued for stderr get 2 s more. The exit status is 0, or 1 if the
+// goroutines outlast the 5 s or the health server had failed. SIGHUP is logged and ignored: nothing is
 // reloaded.
 package main
 
@@ -504,7 +503,7 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	err := d.proxy.shutdown()
 	d.pool.close()
 	wg.Wait()
-	if !waitGroupWithin(&cacheWG, shutdownTimeout) {
+	if !waitShutdown(cacheWG.Wait) {
 		// The write is atomic (see endpointCache.store): the file keeps
 		// the last complete list, and a temporary file may stay beside it.
 		d.log.Warn("endpoint cache write still running at exit, left unfinished", "path", d.cache.path, "after", shutdownTimeout)
@@ -513,12 +512,13 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	return errors.Join(err, healthErr)
 }
 
-// waitGroupWithin waits for wg for up to timeout and reports whether it
-// finished. Goroutines still running then end with the process.
-func waitGroupWithin(wg *sync.WaitGroup, timeout time.Duration) bool {
+// waitShutdown runs wait, which waits for goroutines to end, for up to
+// shutdownTimeout, and reports whether it returned. Goroutines still
+// running then end with the process, as does the one running wait.
+func waitShutdown(wait func()) bool {
 	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	t := time.NewTimer(timeout)
+	go func() { wait(); close(done) }()
+	t := time.NewTimer(shutdownTimeout)
 	defer t.Stop()
 	select {
 	case <-done:

@@ -728,15 +728,15 @@ func TestCacheWriterWritesDiscoveredLists(t *testing.T) {
 	wg.Wait()
 }
 
-// TestWaitGroupWithin: the daemon's exit waits for the endpoint cache
-// writer at most shutdownTimeout, so a write stuck in fsync cannot hold it.
-func TestWaitGroupWithin(t *testing.T) {
+// TestWaitShutdown: the daemon's exit waits for the endpoint cache writer at
+// most shutdownTimeout, so a write stuck in fsync cannot hold it.
+func TestWaitShutdown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var wg sync.WaitGroup
 		stuck := make(chan struct{})
 		wg.Go(func() { <-stuck })
 		start := time.Now()
-		if waitGroupWithin(&wg, shutdownTimeout) {
+		if waitShutdown(wg.Wait) {
 			t.Fatal("reported finished while the goroutine was still running")
 		}
 		if got := time.Since(start); got != shutdownTimeout {
@@ -744,7 +744,7 @@ func TestWaitGroupWithin(t *testing.T) {
 		}
 		close(stuck)
 		start = time.Now()
-		if !waitGroupWithin(&wg, shutdownTimeout) {
+		if !waitShutdown(wg.Wait) {
 			t.Fatal("reported unfinished after the goroutine ended")
 		}
 		if got := time.Since(start); got != 0 {

@@ -182,7 +182,7 @@ func (m *metrics) discoverySeries(name string) {
 // never started would have no series at all, and no alert over them could
 // fire while the node silently followed only its static endpoints.
 func (m *metrics) discoveryNotStarted(name string) {
-	m.discoveryUpdates.WithLabelValues(name)
+	m.discoverySeries(name)
 	m.discoveryErrors.WithLabelValues(name).Inc()
 	m.discoveryRunning.WithLabelValues(name).Set(0)
 }

@@ -823,16 +823,11 @@ func (p *proxy) dialUpstream(ctx context.Context, addr string) (net.Conn, error)
 // shutdown force-closes every proxied connection and waits up to
 // shutdownTimeout for the connection goroutines. serve must have returned.
 func (p *proxy) shutdown() error {
-	const timeout = shutdownTimeout
 	p.pool.closeConns()
-	done := make(chan struct{})
-	go func() { p.wg.Wait(); p.workers.stop(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-time.After(timeout):
-		return fmt.Errorf("proxy goroutines still running after %s", timeout)
+	if !waitShutdown(func() { p.wg.Wait(); p.workers.stop() }) {
+		return fmt.Errorf("proxy goroutines still running after %s", shutdownTimeout)
 	}
+	return nil
 }
 
 // workers runs the short tasks of the data path, setting up a connection
