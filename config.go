@@ -251,6 +251,10 @@ func printUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "Usage: %s status [--health-address host:port] [--json]\n\n", fs.Name())
 	fmt.Fprintln(w, "Prints the upstream table of a running daemon, from its /upstreams endpoint.")
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "Usage: %s check [flags]\n\n", fs.Name())
+	fmt.Fprintln(w, "Reads the flags and EP_ variables as a start would and exits 0 if the daemon")
+	fmt.Fprintln(w, "would start with them, or 1 with the message it would stop with; binds nothing.")
 }
 
 // usageLine describes flag f in one line, for example

@@ -205,6 +205,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if len(args) > 0 && args[0] == "status" {
 		return status(ctx, args[1:], getenv, stdout)
 	}
+	if len(args) > 0 && args[0] == "check" {
+		return check(args[1:], getenv, stdout)
+	}
 	cfg, err := parseConfig(args, getenv, stdout)
 	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errVersionShown) {
 		return nil
@@ -265,6 +268,25 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	d := newDaemon(cfg, log, lbLn.Addr().String())
 	return d.run(ctx, lbLn, healthLn)
+}
+
+// check is the "extractedprism check" command: it reads the flags and EP_
+// variables exactly as a start would and reports what a start would refuse,
+// with the same messages, binding nothing. Settings that would have no
+// effect are listed as warnings; they do not fail the check.
+func check(args []string, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := parseConfig(args, getenv, stdout)
+	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errVersionShown) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, ig := range cfg.ignoredSettings() {
+		fmt.Fprintf(stdout, "warning: %s has no effect: %s\n", flagRef(ig.flag), ig.because)
+	}
+	fmt.Fprintln(stdout, "extractedprism check: configuration is valid")
+	return nil
 }
 
 // noteHangups logs each SIGHUP on hangups until ctx is done.

@@ -948,3 +948,24 @@ func TestRunServesWhileLogReaderStalls(t *testing.T) {
 		t.Errorf("run did not return within %v of shutdown with the log stalled", bound)
 	}
 }
+
+func TestRunCheck(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"check", "--endpoints", "10.0.0.1:6443"}, noEnv, &out, &out); err != nil {
+		t.Fatalf("check of a valid configuration: got %v; want nil", err)
+	}
+	if !strings.Contains(out.String(), "configuration is valid") {
+		t.Errorf("check output: got %q; want it to say the configuration is valid", out.String())
+	}
+	// The same configuration as a start reads it: an EP_ variable, and a
+	// bad value named by flag and variable.
+	env := map[string]string{"EP_ENDPOINTS": "10.0.0.1:6443", "EP_HEALTH_PORT": "7445"}
+	err := run(context.Background(), []string{"check"}, func(k string) string { return env[k] }, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "--health-port (EP_HEALTH_PORT) must differ from --bind-port (EP_BIND_PORT)") {
+		t.Errorf("check of clashing ports: got %v; want the daemon's message", err)
+	}
+	if _, perr := parseConfig(nil, func(k string) string { return env[k] }, io.Discard); perr == nil || perr.Error() != err.Error() {
+		t.Errorf("check and start disagree: check %v; start %v", err, perr)
+	}
+}
