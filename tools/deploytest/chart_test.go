@@ -75,6 +75,10 @@ type templateCase struct {
 	name   string
 	values map[string]any
 	check  func(t *testing.T, m *manifest)
+	// readsNode: the environment takes a value from the node (the downward
+	// API's status.hostIP), which only a kubelet resolves, so the test does
+	// not run the check hook's command.
+	readsNode bool
 }
 
 // templateCases is the matrix TestTemplateMatrix checks and the API-server
@@ -139,6 +143,18 @@ func templateCases(appVersion string) []templateCase {
 				}
 				if m.PodMonitor != nil {
 					t.Error("PodMonitor rendered by default")
+				}
+				if m.CheckJob == nil {
+					t.Error("no check Job rendered by default")
+				}
+			},
+		},
+		{
+			name:   "check hook off",
+			values: withEndpoints(map[string]any{"configCheck": map[string]any{"enabled": false}}),
+			check: func(t *testing.T, m *manifest) {
+				if m.CheckJob != nil {
+					t.Error("check Job rendered with configCheck.enabled=false")
 				}
 			},
 		},
@@ -390,6 +406,7 @@ func templateCases(appVersion string) []templateCase {
 					t.Errorf("podMetricsEndpoints = %+v; want port metrics, path /metrics", pm.Spec.PodMetricsEndpoints)
 				}
 			},
+			readsNode: true,
 		},
 		{
 			name: "IPv6",
@@ -484,20 +501,23 @@ func templateCases(appVersion string) []templateCase {
 
 // TestTemplateMatrix renders the chart with each set of values, checks the
 // rules every render must keep (checkInvariants), then what the values are
-// meant to change.
+// meant to change, and runs the check hook's command, which must pass.
 func TestTemplateMatrix(t *testing.T) {
 	for _, tt := range templateCases(chartAppVersion(t)) {
 		t.Run(tt.name, func(t *testing.T) {
 			m := render(t, tt.values)
 			checkInvariants(t, m)
 			tt.check(t, m)
+			if m.CheckJob != nil && !tt.readsNode {
+				checkPasses(t, m)
+			}
 		})
 	}
 }
 
 // TestTemplatePortBySet changes one port with --set, the usual override:
-// helm gives it as an integer where the values file gives a float, and the
-// chart's check that the ports differ must compare the two.
+// helm gives it as an integer where the values file gives a float, and
+// both must reach the daemon as the decimal number it reads.
 func TestTemplatePortBySet(t *testing.T) {
 	for _, set := range []string{"healthPort=7447", "bindPort=7500"} {
 		m := render(t, withEndpoints(nil), "--set", set)
@@ -507,6 +527,7 @@ func TestTemplatePortBySet(t *testing.T) {
 		if env[variable] != value {
 			t.Errorf("--set %s: %s = %q; want %s", set, variable, env[variable], value)
 		}
+		checkPasses(t, m)
 	}
 }
 
@@ -942,6 +963,10 @@ func checkInvariants(t *testing.T, m *manifest) {
 		if get.Path != probe.path || get.Port.IntValue() != port || get.Scheme != "" && get.Scheme != corev1.URISchemeHTTP {
 			t.Errorf("%s probe = %s %s:%s; want HTTP %s on port %d", probe.name, get.Scheme, get.Path, get.Port.String(), probe.path, port)
 		}
+	}
+
+	if m.CheckJob != nil {
+		checkHookJob(t, m)
 	}
 
 	for _, role := range m.Roles {

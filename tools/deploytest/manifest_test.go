@@ -11,12 +11,14 @@ import (
 var update = flag.Bool("update", false, "rewrite deploy/extractedprism.yaml from the chart instead of comparing")
 
 // manifestHeader opens deploy/extractedprism.yaml; the rest of the file is
-// exactly what helm template prints.
+// exactly what helm template --no-hooks prints.
 const manifestHeader = `# extractedprism as plain manifests: the Helm chart in charts/extractedprism
 # rendered with its default values, release "extractedprism" in kube-system,
-# and the example endpoints below (documentation addresses). Replace
-# EP_ENDPOINTS with your API servers before applying:
+# and the example endpoints below (documentation addresses), without the
+# chart's pre-install check (a Helm hook). Replace EP_ENDPOINTS with your
+# API servers, check them as the daemon reads them, then apply:
 #
+#   extractedprism check --endpoints 10.0.0.1:6443,10.0.0.2:6443
 #   kubectl apply -f deploy/extractedprism.yaml
 #
 # Generated; do not edit. A test renders the chart and compares; after a
@@ -25,10 +27,13 @@ const manifestHeader = `# extractedprism as plain manifests: the Helm chart in c
 #   cd tools/deploytest && go test -run TestPlainManifestInSync -update .
 `
 
-// plainManifest renders the chart the way deploy/extractedprism.yaml is made.
+// plainManifest renders the chart the way deploy/extractedprism.yaml is
+// made: without the check hook, a Job that kubectl apply could not update
+// (a Job's pod template is immutable) and that would run beside the
+// DaemonSet rather than before it.
 func plainManifest(t *testing.T) string {
 	t.Helper()
-	out, err := renderYAML(t, map[string]any{"endpoints": exampleEndpoints})
+	out, err := renderYAML(t, map[string]any{"endpoints": exampleEndpoints}, "--no-hooks")
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -56,6 +61,9 @@ func TestPlainManifestInSync(t *testing.T) {
 	m := decodeManifest(t, string(got))
 	checkInvariants(t, m)
 	checkDiscoveryRBAC(t, m)
+	if m.CheckJob != nil {
+		t.Errorf("%s carries the check hook's Job", manifestPath)
+	}
 }
 
 // firstDifference describes the first line where got and want differ.

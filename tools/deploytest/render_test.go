@@ -2,6 +2,9 @@
 // chart in charts/extractedprism, the plain manifest rendered from it in
 // deploy/extractedprism.yaml, and the Containerfile's static build. It is a
 // module of its own so that nothing it needs enters the daemon's go.mod.
+// The chart's values are judged by the daemon alone: the tests run the
+// daemon, built once from the repository root, as the chart's check hook
+// runs it (checkhook_test.go).
 //
 // Run it through ci.sh, which builds the pinned helm and passes it in
 // $HELM. The API-server test runs when the kube-apiserver and etcd
@@ -11,6 +14,7 @@ package test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -18,9 +22,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -73,6 +80,46 @@ func findHelm(t *testing.T) string {
 	}
 	t.Fatalf("no helm: run tools/deploytest/ci.sh, which builds helm %s, or set HELM to a helm binary", helmVersion)
 	return ""
+}
+
+// binDir holds the binaries this run builds; TestMain makes it and removes
+// it when the run ends.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "deploytest-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "deploytest:", err)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// buildDaemon builds the daemon from the repository root, once per run, for
+// the first test that runs it.
+var buildDaemon = sync.OnceValues(func() (string, error) {
+	out := filepath.Join(binDir, "extractedprism")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, ".")
+	cmd.Dir = repoRoot
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build in %s: %w\n%s", repoRoot, err, msg)
+	}
+	return out, nil
+})
+
+// daemonBinary returns the daemon built from the repository root.
+func daemonBinary(t *testing.T) string {
+	t.Helper()
+	path, err := buildDaemon()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // runHelm runs helm with args and returns its standard output, or an error
@@ -157,6 +204,7 @@ type manifest struct {
 	Docs []*unstructured.Unstructured // every document, in order
 
 	DaemonSet       *appsv1.DaemonSet
+	CheckJob        *batchv1.Job // the check hook, with configCheck.enabled
 	ServiceAccount  *corev1.ServiceAccount
 	Roles           []*rbacv1.Role
 	RoleBindings    []*rbacv1.RoleBinding
@@ -210,6 +258,12 @@ func decodeManifest(t *testing.T, text string) *manifest {
 			}
 			m.DaemonSet = &appsv1.DaemonSet{}
 			strictDecode(t, raw, m.DaemonSet)
+		case "batch/v1/Job":
+			if m.CheckJob != nil {
+				m.UnexpectedTwice = append(m.UnexpectedTwice, gvk.Kind)
+			}
+			m.CheckJob = &batchv1.Job{}
+			strictDecode(t, raw, m.CheckJob)
 		case "v1/ServiceAccount":
 			if m.ServiceAccount != nil {
 				m.UnexpectedTwice = append(m.UnexpectedTwice, gvk.Kind)

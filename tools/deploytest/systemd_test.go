@@ -50,18 +50,6 @@ func requireTool(t *testing.T, tool string) string {
 	return path
 }
 
-// buildDaemon builds the daemon into a temporary directory.
-func buildDaemon(t *testing.T) string {
-	t.Helper()
-	out := filepath.Join(t.TempDir(), "extractedprism")
-	cmd := exec.Command("go", "build", "-o", out, ".")
-	cmd.Dir = repoRoot
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, b)
-	}
-	return out
-}
-
 // TestSystemdUnitVerifies runs systemd-analyze verify on the unit, with its
 // binary and environment file pointed at a built daemon and the example's
 // file. verify exits 0 on an unknown key or a misspelt value, so any output
@@ -78,7 +66,7 @@ func TestSystemdUnitVerifies(t *testing.T) {
 			t.Fatalf("the unit lacks the line %q", line)
 		}
 	}
-	text = strings.Replace(text, unitExecStart, "ExecStart="+buildDaemon(t), 1)
+	text = strings.Replace(text, unitExecStart, "ExecStart="+daemonBinary(t), 1)
 	envPath, err := filepath.Abs(filepath.Join(systemdDir, "extractedprism.env"))
 	if err != nil {
 		t.Fatalf("%v", err)
@@ -176,7 +164,7 @@ func TestSystemdExampleRunsWithoutCapabilities(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, setpriv, "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--", buildDaemon(t))
+	cmd := exec.CommandContext(ctx, setpriv, "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--", daemonBinary(t))
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	for name, value := range env {
 		cmd.Env = append(cmd.Env, name+"="+value)

@@ -93,6 +93,11 @@ URL.
 {{- end -}}
 {{- end -}}
 
+{{/* The daemon's image, for the DaemonSet and the check hook alike. */}}
+{{- define "extractedprism.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
 {{/* The directory the readyz client certificate Secret is mounted at. */}}
 {{- define "extractedprism.clientCertDir" -}}
 /etc/extractedprism/readyz-client
@@ -276,6 +281,82 @@ this a burst of connections gets the pod OOM-killed, which cuts the node off
 the API.
 */}}
 {{- define "extractedprism.minMemoryLimit" -}}64Mi{{- end -}}
+
+{{/*
+The daemon's configuration, as the env of a container: the DaemonSet's
+and the check hook's, which must read the same values for the check to
+mean anything. Every value is passed as written; the daemon alone judges
+it (extractedprism check, run by the hook).
+*/}}
+{{- define "extractedprism.env" -}}
+{{- $readyz := eq .Values.healthCheck "readyz" -}}
+{{- $credentials := .Values.readyz.credentials -}}
+{{- $clientCertDir := include "extractedprism.clientCertDir" . -}}
+- name: EP_ENDPOINTS
+  value: {{ join "," .Values.endpoints | quote }}
+- name: EP_BIND_ADDRESS
+  value: {{ .Values.bindAddress | quote }}
+- name: EP_BIND_PORT
+  value: {{ .Values.bindPort | quote }}
+{{- if .Values.metrics.expose }}
+- name: EP_HEALTH_BIND_ADDRESS
+  valueFrom:
+    fieldRef:
+      fieldPath: status.hostIP
+{{- else if .Values.healthBindAddress }}
+- name: EP_HEALTH_BIND_ADDRESS
+  value: {{ .Values.healthBindAddress | quote }}
+{{- end }}
+- name: EP_HEALTH_PORT
+  value: {{ .Values.healthPort | quote }}
+- name: EP_HEALTH_INTERVAL
+  value: {{ .Values.healthInterval | quote }}
+- name: EP_HEALTH_TIMEOUT
+  value: {{ .Values.healthTimeout | quote }}
+- name: EP_ENABLE_DISCOVERY
+  value: {{ .Values.discovery.enabled | quote }}
+{{- if .Values.discovery.cache.enabled }}
+- name: EP_ENDPOINT_CACHE_FILE
+  value: {{ printf "%s/endpoints.json" (include "extractedprism.cacheDir" .) | quote }}
+{{- end }}
+{{- with .Values.kubeconfig }}
+- name: EP_KUBECONFIG
+  value: {{ . | quote }}
+{{- end }}
+- name: EP_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: EP_LIVENESS_INTERVAL
+  value: {{ .Values.livenessInterval | quote }}
+- name: EP_LIVENESS_THRESHOLD
+  value: {{ .Values.livenessThreshold | quote }}
+- name: EP_DRAIN_TIMEOUT
+  value: {{ .Values.drainTimeout | quote }}
+- name: EP_UPSTREAM_SELECTION
+  value: {{ .Values.upstreamSelection | quote }}
+- name: EP_HEALTH_CHECK
+  value: {{ .Values.healthCheck | quote }}
+{{- if $readyz }}
+- name: EP_HEALTH_CHECK_CA_FILE
+  value: {{ .Values.readyz.caFile | quote }}
+- name: EP_HEALTH_CHECK_SERVER_NAME
+  value: {{ .Values.readyz.serverName | quote }}
+{{- if eq $credentials "kubeletCertificate" }}
+# One file holds both the certificate and the key.
+- name: EP_HEALTH_CHECK_CERT_FILE
+  value: {{ .Values.readyz.kubeletCertificate.path | quote }}
+- name: EP_HEALTH_CHECK_KEY_FILE
+  value: {{ .Values.readyz.kubeletCertificate.path | quote }}
+{{- else if eq $credentials "clientCertificate" }}
+- name: EP_HEALTH_CHECK_CERT_FILE
+  value: {{ printf "%s/tls.crt" $clientCertDir | quote }}
+- name: EP_HEALTH_CHECK_KEY_FILE
+  value: {{ printf "%s/tls.key" $clientCertDir | quote }}
+{{- else if eq $credentials "serviceAccountToken" }}
+- name: EP_HEALTH_CHECK_TOKEN_FILE
+  value: {{ .Values.readyz.serviceAccountToken.path | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
 
 {{/* Cross-value rules the schema cannot express; each failure says what to do. */}}
 {{- define "extractedprism.validate" -}}
