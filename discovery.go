@@ -2,19 +2,17 @@ package main
 
 // Endpoint discovery: where the load balancer's upstream list comes from.
 //
-// Two providers feed one merged provider. The static provider sends the
-// --endpoints list once; it needs no cluster access, so the proxy works before
-// the CNI plugin does. The kubernetes provider watches the EndpointSlices of
-// the default/kubernetes Service through the daemon's own listener and follows
-// control plane membership changes. The merged provider sends the union of the
-// latest lists to the load balancer, never an empty one.
+// The static --endpoints list is known at start and needs no cluster
+// access, so the proxy works before the CNI plugin does. The kubernetes
+// provider watches the EndpointSlices of the default/kubernetes Service
+// through the daemon's own listener and follows control plane membership
+// changes. The merged provider keeps each source's latest list and tells
+// the run loop, on one notify channel, that their union may have changed.
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"math/rand/v2"
@@ -35,292 +33,149 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// provider produces endpoint lists on out until ctx is done. An endpoint is
-// "host:port"; an IP host is spelled as net.JoinHostPort(ip.String(), port) so
-// that two providers naming the same address produce the same string. A list
-// sent on out belongs to the receiver, and the sender never modifies it
-// afterwards.
+// provider is a source of endpoint lists that runs until ctx is done,
+// handing each new list to publish. An endpoint is "host:port", an IP host
+// spelled as netip prints it, so that two sources naming one address give
+// one string. A list given to publish is never modified afterwards.
 type provider interface {
-	// name labels the provider's metrics and log lines.
-	name() string
-	// run returns nil once ctx is cancelled; an error means the provider
-	// failed for good.
-	run(ctx context.Context, out chan<- []string) error
+	name() string // labels the provider's metrics and log lines
+	// run returns nil once ctx is done; an error means it failed for good.
+	run(ctx context.Context, publish func([]string)) error
 }
 
+// The sources of endpoint lists, as metrics and /upstreams name them.
 const (
 	staticProviderName = "static"
+	cacheProviderName  = "cache"
 	kubeProviderName   = "kubernetes"
 )
 
-// staticProvider sends the --endpoints list. It is the bootstrap level of
-// discovery: it needs no cluster access and never fails.
-type staticProvider struct {
-	endpoints []string // canonical; never modified
-}
-
-// newStaticProvider returns a provider that sends endpoints once, then blocks
-// until its context is done.
-func newStaticProvider(endpoints []string) provider {
-	canonical := make([]string, 0, len(endpoints))
-	for _, e := range endpoints {
-		canonical = append(canonical, canonicalEndpoint(e))
-	}
-	return &staticProvider{endpoints: canonical}
-}
-
-func (p *staticProvider) name() string { return staticProviderName }
-
-func (p *staticProvider) initial() []string { return p.endpoints }
-
-func (p *staticProvider) run(ctx context.Context, out chan<- []string) error {
-	select {
-	case out <- slices.Clone(p.endpoints):
-	case <-ctx.Done():
-		return nil
-	}
-	<-ctx.Done()
-	return nil
-}
-
-// canonicalEndpoint spells an IP endpoint the way the kubernetes provider
-// does, so that "[::0:1]:6443" from --endpoints and "[::1]:6443" from an
-// EndpointSlice deduplicate to one upstream. Hostnames are kept as given.
-func canonicalEndpoint(hostport string) string {
-	host, port, err := net.SplitHostPort(hostport)
-	if err != nil {
-		return hostport
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return hostport
-	}
-	return net.JoinHostPort(ip.Unmap().String(), port)
-}
-
-// mergedProvider runs every sub-provider concurrently and sends the
-// deduplicated union of their latest lists.
-//
-// It counts discovery_updates_total{provider} for each list a sub-provider
-// sends. This is the only place that counter is incremented, so each update
-// is counted once whichever provider sent it; the sub-providers count only
-// their own errors. It also owns discovery_running{provider} for the
-// providers it runs.
+// mergedProvider keeps the latest list of every source: the static
+// endpoints, the endpoint cache until the kubernetes provider has published
+// (the cache stands in for discovery until discovery answers), and the
+// lists of the providers it runs. It counts discovery_updates_total for
+// every list, and owns discovery_running for the providers it runs.
 type mergedProvider struct {
 	log       *slog.Logger
 	m         *metrics
 	providers []provider
+	order     []string // every source's name, in the order /upstreams lists them
 
-	// mu guards byName, each provider's latest list, for sources.
-	mu     sync.Mutex
-	byName map[string][]string
+	// notify holds a token while the union may have changed since the run
+	// loop last read it.
+	notify chan struct{}
+
+	mu    sync.Mutex // guards lists
+	lists map[string][]string
 }
 
-// initialLister is a provider whose list is known before it runs. The
-// merged provider starts from these lists, so its first union is complete:
-// otherwise the static list, sent first, would briefly drop the cached
-// endpoints the daemon was seeded with.
-type initialLister interface {
-	initial() []string
-}
-
-// fallbackProvider is a provider whose list counts only until the provider
-// it names has sent one: the endpoint cache stands in for discovery until
-// discovery answers.
-type fallbackProvider interface {
-	provider
-	supersededBy() string
-}
-
-// newMergedProvider returns a provider over providers; it starts nothing until
-// run, but creates their update and error series at once: the daemon builds
-// it before anything serves.
-func newMergedProvider(log *slog.Logger, m *metrics, providers ...provider) *mergedProvider {
+// newMergedProvider returns a merged provider over the static list, the
+// cached one (nil without a cache) and providers. It creates every metric
+// series at once: the daemon builds it before anything serves.
+func newMergedProvider(log *slog.Logger, m *metrics, static, cached []string, providers ...provider) *mergedProvider {
+	mp := &mergedProvider{log: log, m: m, providers: providers, notify: make(chan struct{}, 1), lists: map[string][]string{}}
+	mp.order = []string{staticProviderName}
+	mp.publish(staticProviderName, static)
+	if len(cached) > 0 {
+		mp.order = append(mp.order, cacheProviderName)
+		mp.publish(cacheProviderName, cached)
+	}
+	for _, name := range mp.order {
+		m.discoverySeries(name)
+		m.discoveryRunning.WithLabelValues(name).Set(1)
+	}
 	for _, p := range providers {
+		mp.order = append(mp.order, p.name())
 		m.discoverySeries(p.name())
 	}
-	return &mergedProvider{log: log, m: m, providers: providers, byName: map[string][]string{}}
+	return mp
 }
 
-// preload records the lists of the providers that know theirs up front.
-func (mp *mergedProvider) preload() {
-	for _, p := range mp.providers {
-		if il, ok := p.(initialLister); ok && len(il.initial()) > 0 {
-			mp.record(p.name(), il.initial())
-		}
+// publish records list as the latest of source name and wakes the run loop.
+func (mp *mergedProvider) publish(name string, list []string) {
+	mp.m.discoveryUpdates.WithLabelValues(name).Inc()
+	mp.mu.Lock()
+	mp.lists[name] = list
+	mp.mu.Unlock()
+	select {
+	case mp.notify <- struct{}{}:
+	default: // a wake-up is pending already
 	}
 }
 
-// sources maps each endpoint of the current union to the providers that
-// list it, for /upstreams.
+// countsLocked reports whether source name's list is part of the union: the
+// cache's only until the kubernetes provider has published.
+func (mp *mergedProvider) countsLocked(name string) bool {
+	_, discovered := mp.lists[kubeProviderName]
+	return name != cacheProviderName || !discovered
+}
+
+// endpoints returns the sorted, deduplicated union of the lists that count.
+func (mp *mergedProvider) endpoints() []string {
+	mp.mu.Lock()
+	defer mp.mu.Unlock()
+	var all []string
+	for name, list := range mp.lists {
+		if mp.countsLocked(name) {
+			all = append(all, list...)
+		}
+	}
+	slices.Sort(all)
+	return slices.Compact(all)
+}
+
+// sources maps each endpoint of the union to the sources that list it, for
+// /upstreams.
 func (mp *mergedProvider) sources() map[string][]string {
 	mp.mu.Lock()
 	defer mp.mu.Unlock()
 	out := map[string][]string{}
-	for _, p := range mp.providers {
-		if mp.supersededLocked(p) {
+	for _, name := range mp.order {
+		if !mp.countsLocked(name) {
 			continue
 		}
-		for _, addr := range mp.byName[p.name()] {
-			if !slices.Contains(out[addr], p.name()) {
-				out[addr] = append(out[addr], p.name())
+		for _, addr := range mp.lists[name] {
+			if !slices.Contains(out[addr], name) {
+				out[addr] = append(out[addr], name)
 			}
 		}
 	}
 	return out
 }
 
-// supersededLocked reports whether p is a fallback whose superseding
-// provider has sent a list.
-func (mp *mergedProvider) supersededLocked(p provider) bool {
-	fp, ok := p.(fallbackProvider)
-	if !ok {
-		return false
-	}
-	_, sent := mp.byName[fp.supersededBy()]
-	return sent
-}
-
-// record stores name's latest list and returns the union of the lists that
-// count.
-func (mp *mergedProvider) record(name string, endpoints []string) []string {
-	mp.mu.Lock()
-	defer mp.mu.Unlock()
-	mp.byName[name] = endpoints
-	var lists [][]string
+// run runs every provider until ctx is done and waits for them. A provider
+// that ends early is counted and logged, and its last list stays in the
+// union, while the others and the static endpoints go on.
+func (mp *mergedProvider) run(ctx context.Context) {
+	var wg sync.WaitGroup
 	for _, p := range mp.providers {
-		if !mp.supersededLocked(p) {
-			lists = append(lists, mp.byName[p.name()])
-		}
+		wg.Go(func() { mp.runProvider(ctx, p) })
 	}
-	return unionEndpoints(lists)
-}
-
-// providerEvent is what superviseProvider reports to the merge loop: either a
-// list, or (done) the end of the provider's run with the error it returned.
-type providerEvent struct {
-	index     int // into mergedProvider.providers
-	endpoints []string
-	done      bool
-	err       error
-}
-
-// run starts every provider, waits for all of them before it returns, and
-// sends the union of their latest lists on out whenever it changes. It never
-// sends an empty list: the load balancer keeps its last upstreams rather than
-// route to none. A provider that fails is counted in discovery_errors_total
-// and its last list stays in the union, while the others go on; run returns
-// an error only when every provider has failed, and nil when ctx is done.
-// discovery_running{provider} is 1 from the start of each provider's run
-// until it ends before ctx is done, with an error or without.
-func (mp *mergedProvider) run(ctx context.Context, out chan<- []string) error {
-	if len(mp.providers) == 0 {
-		return errors.New("no discovery providers")
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	// Deferred calls run last-in first-out: cancel first, so the providers
-	// stop, then wait for them.
-	defer wg.Wait()
-	defer cancel()
-
-	mp.preload()
-	events := make(chan providerEvent)
-	for i, p := range mp.providers {
-		mp.m.discoveryRunning.WithLabelValues(p.name()).Set(1)
-		wg.Go(func() { superviseProvider(ctx, i, p, events) })
-	}
-
-	var sent []string // last list sent on out
-	var failures []error
-	for running := len(mp.providers); running > 0; {
-		var ev providerEvent
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev = <-events:
-		}
-		name := mp.providers[ev.index].name()
-		if ev.done {
-			running--
-			// An end caused by cancellation is shutdown, not a failure.
-			if ctx.Err() != nil {
-				continue
-			}
-			mp.m.discoveryRunning.WithLabelValues(name).Set(0)
-			if ev.err == nil {
-				mp.log.Warn("discovery provider stopped", "provider", name)
-				continue
-			}
-			mp.m.discoveryErrors.WithLabelValues(name).Inc()
-			mp.log.Warn("discovery provider failed", "provider", name, "err", ev.err)
-			failures = append(failures, fmt.Errorf("%s provider: %w", name, ev.err))
-			continue
-		}
-		mp.m.discoveryUpdates.WithLabelValues(name).Inc()
-		merged := mp.record(name, ev.endpoints)
-		if len(merged) == 0 || slices.Equal(merged, sent) {
-			continue
-		}
-		select {
-		case out <- slices.Clone(merged):
-		case <-ctx.Done():
-			return nil
-		}
-		sent = merged
-		mp.log.Debug("sent merged endpoints", "endpoints", merged)
-	}
-	if len(failures) == len(mp.providers) {
-		return fmt.Errorf("all discovery providers failed: %w", errors.Join(failures...))
-	}
-	// A provider returned nil before cancellation, which breaks the provider
-	// contract but is no failure. The list already sent stays valid, so hold
-	// it the way the static provider does.
-	<-ctx.Done()
-	return nil
-}
-
-// superviseProvider runs p, relays its lists tagged with index to the merge
-// loop, and reports how its run ended. It owns the relay goroutine and waits
-// for it, so every list p sent is relayed before the end is reported.
-func superviseProvider(ctx context.Context, index int, p provider, events chan<- providerEvent) {
-	lists := make(chan []string)
-	var wg sync.WaitGroup
-	wg.Go(func() { relayLists(ctx, index, lists, events) })
-	err := p.run(ctx, lists)
-	close(lists) // run has returned, so nothing sends on lists any more
 	wg.Wait()
-	select {
-	case events <- providerEvent{index: index, done: true, err: err}:
-	case <-ctx.Done():
-	}
 }
 
-// relayLists forwards lists to the merge loop until the provider's run
-// returns. Once ctx is done it drops them instead, so a provider that sends
-// during shutdown never blocks.
-func relayLists(ctx context.Context, index int, lists <-chan []string, events chan<- providerEvent) {
-	for endpoints := range lists {
-		select {
-		case events <- providerEvent{index: index, endpoints: endpoints}:
-		case <-ctx.Done():
-		}
+// runProvider runs p, with discovery_running 1 until it ends before ctx is
+// done.
+func (mp *mergedProvider) runProvider(ctx context.Context, p provider) {
+	name := p.name()
+	mp.m.discoveryRunning.WithLabelValues(name).Set(1)
+	err := p.run(ctx, func(list []string) { mp.publish(name, list) })
+	if ctx.Err() != nil {
+		return // shutdown, not a failure
 	}
-}
-
-// unionEndpoints returns the sorted, deduplicated union of lists.
-func unionEndpoints(lists [][]string) []string {
-	var all []string
-	for _, l := range lists {
-		all = append(all, l...)
+	mp.m.discoveryRunning.WithLabelValues(name).Set(0)
+	if err == nil {
+		mp.log.Warn("discovery provider stopped", "provider", name)
+		return
 	}
-	slices.Sort(all)
-	return slices.Compact(all)
+	mp.m.discoveryErrors.WithLabelValues(name).Inc()
+	mp.log.Warn("discovery provider failed", "provider", name, "err", err)
 }
 
 // errNoKubeCredentials means there is neither a kubeconfig nor the in-cluster
@@ -402,34 +257,23 @@ func newRESTSliceClient(cfg *rest.Config) (*restSliceClient, error) {
 // upstream for it again. Otherwise every retry would go down the same
 // HTTP/2 connection to the same API server for as long as it answers
 // errors (cut off from etcd, overloaded), however many others are fine.
-func (c *restSliceClient) dropIdle() {
-	rt := c.hc.Transport
-	for rt != nil {
-		if ci, ok := rt.(interface{ CloseIdleConnections() }); ok {
-			ci.CloseIdleConnections()
-			return
-		}
-		w, ok := rt.(interface{ WrappedRoundTripper() http.RoundTripper })
-		if !ok {
-			return
-		}
-		rt = w.WrappedRoundTripper()
-	}
-}
+func (c *restSliceClient) dropIdle() { utilnet.CloseIdleConnectionsFor(c.hc.Transport) }
 
 // errWatchNotOpened is a Watch call that failed before a stream opened:
 // the connection closed or timed out during the request. client-go reports
 // it as a watch that opened and closed at once, without the error.
 var errWatchNotOpened = errors.New("watch request failed before a stream opened (connection closed or timed out)")
 
-// List and Watch make one request each: client-go would otherwise retry a
-// failed request up to 10 times a second apart, hidden from the caller,
-// and the backoff the watcher keeps between its requests would not hold.
+// get is a request for the EndpointSlices of namespace. It is made once:
+// client-go would otherwise retry a failed request up to 10 times a second
+// apart, hidden from the caller, and the watcher's backoff would not hold.
+func (c *restSliceClient) get(namespace string, opts *metav1.ListOptions) *rest.Request {
+	return c.rc.Get().MaxRetries(0).Namespace(namespace).Resource("endpointslices").VersionedParams(opts, c.params)
+}
+
 func (c *restSliceClient) List(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
 	list := &discoveryv1.EndpointSliceList{}
-	err := c.rc.Get().MaxRetries(0).Namespace(namespace).Resource("endpointslices").
-		VersionedParams(&opts, c.params).Do(ctx).Into(list)
-	if err != nil {
+	if err := c.get(namespace, &opts).Do(ctx).Into(list); err != nil {
 		c.dropIdle()
 		return nil, err
 	}
@@ -438,8 +282,7 @@ func (c *restSliceClient) List(ctx context.Context, namespace string, opts metav
 
 func (c *restSliceClient) Watch(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
 	opts.Watch = true
-	w, err := c.rc.Get().MaxRetries(0).Namespace(namespace).Resource("endpointslices").
-		VersionedParams(&opts, c.params).Watch(ctx)
+	w, err := c.get(namespace, &opts).Watch(ctx)
 	if err != nil {
 		c.dropIdle()
 		return nil, err
@@ -612,7 +455,7 @@ type watchResult struct {
 
 // kubeWatcher is the kubernetes provider. It lists the EndpointSlices of the
 // default/kubernetes Service, watches them from the list's resource version,
-// and sends the ready API server addresses they name whenever they change.
+// and publishes the ready API server addresses they name when they change.
 // It retries failed calls forever and never fails for good.
 //
 // It counts discovery_errors_total{provider="kubernetes"} for failed List and
@@ -629,8 +472,8 @@ type kubeWatcher struct {
 	// be called concurrently.
 	cache           map[string]*discoveryv1.EndpointSlice // by slice name
 	resourceVersion string                                // where the next Watch starts
-	sent            []string                              // last list sent on out, never empty
-	hasSent         bool                                  // sent is valid
+	publishFn       func([]string)                        // run's publish
+	sent            []string                              // last list published; nil before the first
 	rejected        []string                              // what endpointsOf last left out, as warned of
 	emptyWarned     bool                                  // the slices hold no endpoint, as warned of
 	backoff         watchBackoff
@@ -653,23 +496,21 @@ func (w *kubeWatcher) name() string { return kubeProviderName }
 // run lists, then watches until ctx is done, following nextReconnectStep
 // after every watch attempt. It returns nil once ctx is done and never
 // returns an error: failures are retried, counted and logged.
-func (w *kubeWatcher) run(ctx context.Context, out chan<- []string) error {
-	w.cache = nil
-	w.resourceVersion = ""
-	w.sent, w.hasSent = nil, false
+func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
+	w.publishFn = publish
+	w.cache, w.resourceVersion, w.sent = nil, "", nil
 	w.backoff = watchBackoff{rand: w.rand}
-
-	if !w.listUntilDone(ctx, out) {
+	if !w.listUntilDone(ctx) {
 		return nil
 	}
 	// rewatch marks the attempt that re-opens a long watch which closed
-	// cleanly; nextReconnectStep treats what ends it like an end of the long
-	// watch itself.
+	// cleanly; nextReconnectStep treats what ends it like an end of the
+	// long watch itself.
 	rewatch := false
 	for {
-		res := w.watchOnce(ctx, out, rewatch)
+		res := w.watchOnce(ctx, rewatch)
 		if ctx.Err() != nil {
-			return nil //nolint:nilerr // cancellation is shutdown, not a provider failure
+			return nil
 		}
 		switch res.end {
 		case endError:
@@ -686,27 +527,31 @@ func (w *kubeWatcher) run(ctx context.Context, out chan<- []string) error {
 		if next.resetBackoff {
 			w.backoff.reset()
 		}
-		if next.relist && !w.listUntilDone(ctx, out) {
+		if next.relist && !w.listUntilDone(ctx) {
 			return nil
 		}
-		if next.wait {
-			d := w.backoff.delay()
-			w.log.Info("backing off before the next endpointslice watch", "delay", d)
-			if !sleepCtx(ctx, d) {
-				return nil
-			}
+		if next.wait && !w.backOff(ctx) {
+			return nil
 		}
 	}
 }
 
+// backOff sleeps the next backoff delay and reports false if ctx ended first.
+func (w *kubeWatcher) backOff(ctx context.Context) bool {
+	d := w.backoff.delay()
+	w.log.Info("backing off before the next endpointslice watch", "delay", d)
+	return await(ctx, d, nil)
+}
+
 // listUntilDone lists the slices, retrying with the backoff until a List
-// succeeds, then sends the endpoints if they changed. It returns false once
-// ctx is done.
-func (w *kubeWatcher) listUntilDone(ctx context.Context, out chan<- []string) bool {
+// succeeds, then publishes the endpoints if they changed. It returns false
+// once ctx is done.
+func (w *kubeWatcher) listUntilDone(ctx context.Context) bool {
 	for {
 		err := w.list(ctx)
 		if err == nil {
-			return w.publish(ctx, out)
+			w.publish()
+			return true
 		}
 		if ctx.Err() != nil {
 			return false
@@ -714,7 +559,7 @@ func (w *kubeWatcher) listUntilDone(ctx context.Context, out chan<- []string) bo
 		w.errors.Inc()
 		d := w.backoff.delay()
 		w.log.Warn("endpointslice list failed", "err", err, "retry_in", d)
-		if !sleepCtx(ctx, d) {
+		if !await(ctx, d, nil) {
 			return false
 		}
 	}
@@ -742,7 +587,7 @@ func (w *kubeWatcher) list(ctx context.Context) error {
 // watchOnce opens one watch from the current resource version and applies
 // its events until it ends. routine marks the re-open after a normal close,
 // which is logged at Debug only.
-func (w *kubeWatcher) watchOnce(ctx context.Context, out chan<- []string, routine bool) watchResult {
+func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) watchResult {
 	timeout := watchTimeoutMin + time.Duration(float64(watchTimeoutMin)*w.rand())
 	timeoutSeconds := int64(timeout / time.Second)
 	ctx, cancel := context.WithTimeout(ctx, timeout+watchDeadlineGrace)
@@ -787,8 +632,8 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, out chan<- []string, routin
 			}
 			return failedWatch(apierrors.FromObject(ev.Object), time.Since(opened))
 		}
-		if w.apply(ev) && !w.publish(ctx, out) {
-			return watchResult{end: endClosed, open: time.Since(opened)}
+		if w.apply(ev) {
+			w.publish()
 		}
 	}
 }
@@ -856,9 +701,9 @@ func (w *kubeWatcher) apply(ev watch.Event) bool {
 }
 
 // publish recomputes the endpoints from every cached slice, so a change to
-// one slice never loses the endpoints of another, and sends them if they
-// differ from the last list sent. It returns false once ctx is done.
-func (w *kubeWatcher) publish(ctx context.Context, out chan<- []string) bool {
+// one slice never loses the endpoints of another, and publishes them if
+// they differ from the last list published.
+func (w *kubeWatcher) publish() {
 	endpoints, rejected := endpointsOf(w.cache)
 	if !slices.Equal(rejected, w.rejected) {
 		w.rejected = rejected
@@ -877,20 +722,15 @@ func (w *kubeWatcher) publish(ctx context.Context, out chan<- []string) bool {
 			w.emptyWarned = true
 			w.log.Warn("kubernetes endpoints empty: keeping the last endpoint list until they are back", "slices", len(w.cache))
 		}
-		return true
+		return
 	}
 	w.emptyWarned = false
-	if w.hasSent && slices.Equal(endpoints, w.sent) {
-		return true
+	if w.sent != nil && slices.Equal(endpoints, w.sent) {
+		return
 	}
-	select {
-	case out <- endpoints:
-	case <-ctx.Done():
-		return false
-	}
-	w.sent, w.hasSent = endpoints, true
+	w.publishFn(endpoints)
+	w.sent = endpoints
 	w.log.Info("kubernetes endpoints changed", "endpoints", endpoints)
-	return true
 }
 
 // endpointsOf returns the sorted, deduplicated addresses of the ready
@@ -1005,171 +845,3 @@ func slicePort(ports []discoveryv1.EndpointPort) (string, bool) {
 	return "", false
 }
 
-// cacheProviderName labels the endpoint cache in metrics and /upstreams.
-const cacheProviderName = "cache"
-
-// endpointCache is the file the last discovered endpoint list is kept in
-// (--endpoint-cache-file), so a node restarted while its static endpoints
-// are gone can still reach the API servers discovery last saw.
-type endpointCache struct {
-	path string
-	log  *slog.Logger
-}
-
-// cacheFile is the on-disk format.
-type cacheFile struct {
-	Version   int       `json:"version"`
-	Written   time.Time `json:"written"`
-	Endpoints []string  `json:"endpoints"`
-}
-
-const cacheVersion = 1
-
-// load reads and validates the cache. A missing file is not an error.
-func (c *endpointCache) load() ([]string, error) {
-	b, err := readAtMost(c.path, maxCacheBytes)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read endpoint cache: %w", err)
-	}
-	var f cacheFile
-	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("parse endpoint cache %s: %w", c.path, err)
-	}
-	if f.Version != cacheVersion {
-		return nil, fmt.Errorf("endpoint cache %s: version %d, want %d", c.path, f.Version, cacheVersion)
-	}
-	if len(f.Endpoints) > maxDiscoveredEndpoints {
-		return nil, fmt.Errorf("endpoint cache %s: %d endpoints, more than discovery ever keeps (%d)", c.path, len(f.Endpoints), maxDiscoveredEndpoints)
-	}
-	eps := make([]string, 0, len(f.Endpoints))
-	for _, e := range f.Endpoints {
-		n, err := cachedEndpoint(e)
-		if err != nil {
-			return nil, fmt.Errorf("endpoint cache %s: %w", c.path, err)
-		}
-		eps = append(eps, n)
-	}
-	return eps, nil
-}
-
-// maxCacheBytes bounds the endpoint cache file: maxDiscoveredEndpoints
-// entries take a few KiB.
-const maxCacheBytes = 64 << 10
-
-// readAtMost reads the file at path, failing if it is larger than limit.
-func readAtMost(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path) //nolint:gosec // the operator names this file
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > limit {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
-	}
-	return b, nil
-}
-
-// cachedEndpoint checks one endpoint read from the cache and returns it
-// normalized. The cache holds only what discovery found, so anything
-// discovery would not have kept is refused: a hostname, or an address
-// unusableAddr refuses.
-func cachedEndpoint(e string) (string, error) {
-	n, err := normalizeEndpoint(e)
-	if err != nil {
-		return "", err
-	}
-	host, _, _ := net.SplitHostPort(n)
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return "", fmt.Errorf("endpoint %s: a hostname, which discovery never yields", quoteShort(e))
-	}
-	if why := unusableAddr(ip); why != "" {
-		return "", fmt.Errorf("endpoint %s: %s, which discovery never yields", quoteShort(e), why)
-	}
-	return n, nil
-}
-
-// store writes endpoints atomically: a temporary file in the same directory,
-// fsynced, renamed over the cache, and the directory fsynced, so a crash at
-// any point leaves either the old cache or the new one, never a torn file.
-func (c *endpointCache) store(endpoints []string) error {
-	b, err := json.Marshal(cacheFile{Version: cacheVersion, Written: time.Now().UTC(), Endpoints: endpoints})
-	if err != nil {
-		return fmt.Errorf("encode endpoint cache: %w", err)
-	}
-	dir := filepath.Dir(c.path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(c.path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("write endpoint cache: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("write endpoint cache: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("sync endpoint cache: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write endpoint cache: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), c.path); err != nil { //nolint:gosec // the operator names this file
-		return fmt.Errorf("replace endpoint cache: %w", err)
-	}
-	return syncDir(dir)
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir) //nolint:gosec // the directory of the operator-named cache file
-	if err != nil {
-		return fmt.Errorf("sync endpoint cache directory: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync endpoint cache directory: %w", err)
-	}
-	return nil
-}
-
-// cacheProvider offers the cached list as the lowest-priority source: the
-// merged provider drops it once the kubernetes provider has answered.
-type cacheProvider struct {
-	endpoints []string
-}
-
-// newCacheProvider loads the cache. A corrupt or unreadable cache is logged
-// and ignored, never fatal: the daemon then starts on static endpoints.
-func newCacheProvider(c *endpointCache) provider {
-	eps, err := c.load()
-	if err != nil {
-		c.log.Warn("endpoint cache ignored", "path", c.path, "err", err)
-	} else if len(eps) > 0 {
-		c.log.Info("endpoint cache loaded", "path", c.path, "endpoints", eps)
-	}
-	return &cacheProvider{endpoints: eps}
-}
-
-func (p *cacheProvider) name() string         { return cacheProviderName }
-func (p *cacheProvider) initial() []string    { return p.endpoints }
-func (p *cacheProvider) supersededBy() string { return kubeProviderName }
-
-func (p *cacheProvider) run(ctx context.Context, out chan<- []string) error {
-	if len(p.endpoints) > 0 {
-		select {
-		case out <- p.endpoints:
-		case <-ctx.Done():
-			return nil
-		}
-	}
-	<-ctx.Done()
-	return nil
-}

@@ -6,9 +6,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics is the daemon's Prometheus metric set. It is registered on a
-// private registry (never the global one) so tests can create as many
-// daemons as they like and read exact values.
+// metrics is the daemon's Prometheus metric set, registered on a private
+// registry (never the global one), so tests can run many daemons at once
+// and read exact values.
 type metrics struct {
 	upstreamsActive   prometheus.Gauge
 	upstreamsTotal    prometheus.Gauge
@@ -23,94 +23,76 @@ type metrics struct {
 	healthStatus      *prometheus.GaugeVec   // upstream
 
 	// Beyond the spec.
-	hedgedDials     prometheus.Counter
-	hedgedWins      prometheus.Counter
-	deadConnsClosed prometheus.Counter
-	clientsRefused  prometheus.Counter
-	connLimit       prometheus.Gauge
-	dialSeconds     *prometheus.HistogramVec // upstream
-	upstreamConns   *prometheus.GaugeVec     // upstream
-	drains          prometheus.Gauge
-	buildInfo       *prometheus.GaugeVec // version, revision, goversion
-	// discoveryRunning is 1 while a discovery provider runs and 0 once it
-	// is enabled but could not start or has stopped for good, by provider.
-	discoveryRunning *prometheus.GaugeVec
-	// healthConnsClosed counts the health server's connections closed at
-	// its connection limit, by reason: reasonWaiting or reasonNew.
-	healthConnsClosed *prometheus.CounterVec
+	hedgedDials       prometheus.Counter
+	hedgedWins        prometheus.Counter
+	deadConnsClosed   prometheus.Counter
+	clientsRefused    prometheus.Counter
+	connLimit         prometheus.Gauge
+	dialSeconds       *prometheus.HistogramVec // upstream
+	upstreamConns     *prometheus.GaugeVec     // upstream
+	drains            prometheus.Gauge
+	buildInfo         *prometheus.GaugeVec   // version, revision, goversion
+	discoveryRunning  *prometheus.GaugeVec   // provider
+	healthConnsClosed *prometheus.CounterVec // reason: reasonWaiting or reasonNew
 }
 
 const (
-	metricNamespace = "extractedprism"
-	labelUpstream   = "upstream"
-	labelProvider   = "provider"
+	labelUpstream = "upstream"
+	labelProvider = "provider"
 
-	// The reasons of healthConnsClosed: an open connection closed to make
-	// room for a new one (idle, new for over a second, or inside a request
-	// for over 3 s: see connLimiter.closableAt), or the new one, closed
-	// because no connection could be.
+	// The reasons of healthConnsClosed: a connection outside a request
+	// closed to make room for a new one, or the new one, closed because
+	// every connection was inside a request (see connCap).
 	reasonWaiting = "waiting"
 	reasonNew     = "new"
 )
 
+func gauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "extractedprism", Name: name, Help: help})
+}
+
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "extractedprism", Name: name, Help: help})
+}
+
+func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "extractedprism", Name: name, Help: help}, labels)
+}
+
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "extractedprism", Name: name, Help: help}, labels)
+}
+
 // newMetrics creates the metric set and registers it on reg.
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		upstreamsActive: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricNamespace, Name: "upstreams_active",
-			Help: "Upstreams eligible for new connections (healthy, not draining).",
-		}),
-		//nolint:promlinter // a gauge named _total, but the spec fixes the name and dashboards use it
-		upstreamsTotal: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricNamespace, Name: "upstreams_total",
-			Help: "Total known upstreams, including unhealthy and draining.",
-		}),
-		connectionsActive: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: metricNamespace, Name: "connections_active",
-			Help: "TCP connections currently passing through the proxy.",
-		}),
-		connectionsTotal: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: metricNamespace, Name: "connections_total",
-			Help: "Connections established to upstreams since start.",
-		}),
-		connectionErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricNamespace, Name: "connection_errors_total",
-			Help: "Failed connection attempts to an upstream; none while no upstream is available, none caused by shutdown.",
-		}, []string{labelUpstream}),
-		discoveryUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricNamespace, Name: "discovery_updates_total",
-			Help: "Endpoint list updates received, per discovery provider.",
-		}, []string{labelProvider}),
-		discoveryErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: metricNamespace, Name: "discovery_errors_total",
-			Help: "Discovery errors: provider failures (a kubernetes provider that cannot start counts once), failed List and Watch calls, watch error events (not 410 Gone).",
-		}, []string{labelProvider}),
-		upstreamRTT: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: metricNamespace, Name: "upstream_rtt_seconds",
-			Help: "Smoothed health check connect time, including name resolution for hostname endpoints.",
-		}, []string{labelUpstream}),
-		upstreamTier: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: metricNamespace, Name: "upstream_latency_tier",
-			Help: "Latency tier of the upstream, 0 being the closest group.",
-		}, []string{labelUpstream}),
-		upstreamReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: metricNamespace, Name: "upstream_ready",
-			Help: "/readyz probe state after the consecutive-failure threshold (1 ready, 0 not ready).",
-		}, []string{labelUpstream}),
-		healthStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: metricNamespace, Name: "health_check_status",
-			Help: "Upstream health state after the consecutive-failure threshold (1 healthy, 0 unhealthy).",
-		}, []string{labelUpstream}),
+		upstreamsActive:   gauge("upstreams_active", "Upstreams eligible for new connections (healthy, not draining)."),
+		upstreamsTotal:    gauge("upstreams_total", "Total known upstreams, including unhealthy and draining."),
+		connectionsActive: gauge("connections_active", "TCP connections currently passing through the proxy."),
+		connectionsTotal:  counter("connections_total", "Connections established to upstreams since start."),
+		connectionErrors: counterVec("connection_errors_total",
+			"Failed connection attempts to an upstream; none while no upstream is available, none caused by shutdown.", labelUpstream),
+		discoveryUpdates: counterVec("discovery_updates_total", "Endpoint list updates received, per discovery provider.", labelProvider),
+		discoveryErrors: counterVec("discovery_errors_total",
+			"Discovery errors: provider failures (a kubernetes provider that cannot start counts once), failed List and Watch calls, watch error events (not 410 Gone).", labelProvider),
+		upstreamRTT: gaugeVec("upstream_rtt_seconds",
+			"Smoothed health check connect time, including name resolution for hostname endpoints.", labelUpstream),
+		upstreamTier:  gaugeVec("upstream_latency_tier", "Latency tier of the upstream, 0 being the closest group.", labelUpstream),
+		upstreamReady: gaugeVec("upstream_ready", "/readyz probe state after the consecutive-failure threshold (1 ready, 0 not ready).", labelUpstream),
+		healthStatus: gaugeVec("health_check_status",
+			"Upstream health state after the consecutive-failure threshold (1 healthy, 0 unhealthy).", labelUpstream),
 	}
 	m.addBeyondSpec()
 	reg.MustRegister(
-		m.upstreamsActive, m.upstreamsTotal,
-		m.connectionsActive, m.connectionsTotal, m.connectionErrors,
-		m.discoveryUpdates, m.discoveryErrors,
-		m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
+		m.upstreamsActive, m.upstreamsTotal, m.connectionsActive, m.connectionsTotal, m.connectionErrors,
+		m.discoveryUpdates, m.discoveryErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
 		m.hedgedDials, m.hedgedWins, m.deadConnsClosed, m.clientsRefused, m.connLimit,
-		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo, m.healthConnsClosed,
-		m.discoveryRunning,
+		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo, m.healthConnsClosed, m.discoveryRunning,
+		// The standard process_ and go_ metrics, which dashboards for any
+		// Go service chart. Their twins in prometheus/collectors would
+		// link database/sql into the binary.
+		prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}), //nolint:staticcheck // see above
+		prometheus.NewGoCollector(), //nolint:staticcheck // see above
 	)
 	version, revision := versionInfo()
 	m.buildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
@@ -119,55 +101,30 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // addBeyondSpec creates the metrics the spec does not name.
 func (m *metrics) addBeyondSpec() {
-	m.hedgedDials = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: metricNamespace, Name: "hedged_dials_total",
-		Help: "Second dials started because the first dial of a connection was slower than the hedge delay.",
-	})
-	m.hedgedWins = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: metricNamespace, Name: "hedged_dials_won_total",
-		Help: "Hedged dials that connected first and carried the connection.",
-	})
-	m.deadConnsClosed = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: metricNamespace, Name: "dead_connections_closed_total",
-		Help: "Proxied connections closed because the kernel timed out a peer, usually the upstream (keepalive or TCP_USER_TIMEOUT), or because the sweep found their upstream had stopped acknowledging their data.",
-	})
-	m.clientsRefused = prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: metricNamespace, Name: "clients_refused_total",
-		Help: "Client connections closed because no upstream could be dialled, last-resort dials included; not during shutdown.",
-	})
-	m.connLimit = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: metricNamespace, Name: "connection_limit",
-		Help: "Most client connections proxied at once, from the open-files limit and the cgroup's memory limit; beyond it new clients wait in the listen backlog.",
-	})
+	m.hedgedDials = counter("hedged_dials_total", "Second dials started because the first dial of a connection was slower than the hedge delay.")
+	m.hedgedWins = counter("hedged_dials_won_total", "Hedged dials that connected first and carried the connection.")
+	m.deadConnsClosed = counter("dead_connections_closed_total",
+		"Proxied connections closed because the kernel timed out a peer, usually the upstream (keepalive or TCP_USER_TIMEOUT), or because the sweep found their upstream had stopped acknowledging their data.")
+	m.clientsRefused = counter("clients_refused_total",
+		"Client connections closed because no upstream could be dialled, last-resort dials included; not during shutdown.")
+	m.connLimit = gauge("connection_limit",
+		"Most client connections proxied at once, from the open-files limit and the cgroup's memory limit; beyond it new clients wait in the listen backlog.")
 	m.dialSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: metricNamespace, Name: "upstream_dial_duration_seconds",
+		Namespace: "extractedprism", Name: "upstream_dial_duration_seconds",
 		Help:    "Time to connect to an upstream for a client connection, successful dials only.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{labelUpstream})
-	m.upstreamConns = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: metricNamespace, Name: "upstream_connections",
-		Help: "Proxied connections currently open to the upstream.",
-	}, []string{labelUpstream})
-	m.drains = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: metricNamespace, Name: "drains_in_progress",
-		Help: "Removed upstreams whose connections are still draining.",
-	})
-	m.buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: metricNamespace, Name: "build_info",
-		Help: "Always 1; the labels say which build is running.",
-	}, []string{"version", "revision", "goversion"})
-	m.healthConnsClosed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: metricNamespace, Name: "health_connections_closed_total",
-		Help: "Health server connections closed at its connection limit: reason=waiting, an open one closed to make room (idle, silent for over a second since it opened, or inside a request for over 3 s); reason=new, a new one, closed because none could be.",
-	}, []string{"reason"})
-	// Both series exist from the start, so that a rate over them works
+	m.upstreamConns = gaugeVec("upstream_connections", "Proxied connections currently open to the upstream.", labelUpstream)
+	m.drains = gauge("drains_in_progress", "Removed upstreams whose connections are still draining.")
+	m.buildInfo = gaugeVec("build_info", "Always 1; the labels say which build is running.", "version", "revision", "goversion")
+	m.healthConnsClosed = counterVec("health_connections_closed_total",
+		"Health server connections closed at its connection limit: reason=waiting, one outside a request (idle, or not read from yet) closed to make room; reason=new, a new one, closed because every connection was inside a request.", "reason")
+	// Both series exist from the start, so that rates over them work
 	// before the first closing.
 	m.healthConnsClosed.WithLabelValues(reasonWaiting)
 	m.healthConnsClosed.WithLabelValues(reasonNew)
-	m.discoveryRunning = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Namespace: metricNamespace, Name: "discovery_running",
-		Help: "1 while the discovery provider runs; 0 once it is enabled but could not start, or stopped before shutdown. The kubernetes series exists only with --enable-discovery.",
-	}, []string{labelProvider})
+	m.discoveryRunning = gaugeVec("discovery_running",
+		"1 while the discovery provider runs; 0 once it is enabled but could not start, or stopped before shutdown. The kubernetes series exists only with --enable-discovery.", labelProvider)
 }
 
 // discoverySeries creates the update and error series of provider name at
@@ -178,43 +135,23 @@ func (m *metrics) discoverySeries(name string) {
 }
 
 // discoveryNotStarted records that provider name is enabled but could not
-// start: one error, and running 0. Without it an enabled provider that
-// never started would have no series at all, and no alert over them could
-// fire while the node silently followed only its static endpoints.
+// start: one error, and running 0. Without it the provider would have no
+// series at all, and no alert over them could fire while the node followed
+// only its static endpoints.
 func (m *metrics) discoveryNotStarted(name string) {
 	m.discoverySeries(name)
 	m.discoveryErrors.WithLabelValues(name).Inc()
 	m.discoveryRunning.WithLabelValues(name).Set(0)
 }
 
-// registerRuntimeMetrics registers the standard process_ and go_ metrics on
-// reg: resident memory, open and allowed descriptors, CPU time, goroutines,
-// heap and collector figures. They are what an operator alerts on for a
-// daemon on every node (a leak shows there before the node does), and what
-// dashboards built for any Go service already chart.
-//
-// The constructors of the prometheus package are used rather than their
-// twins in prometheus/collectors, which build the same collectors but also
-// hold the database/sql one, and so would link database/sql into the binary.
-func registerRuntimeMetrics(reg prometheus.Registerer) {
-	reg.MustRegister(
-		//nolint:staticcheck // see above: the collectors package links database/sql
-		prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}),
-		//nolint:staticcheck // see above
-		prometheus.NewGoCollector(),
-	)
-}
-
-// forgetUpstream deletes every per-upstream series of addr. It is called once
-// an upstream has drained and left the pool, as the spec requires.
+// forgetUpstream deletes every per-upstream series of addr, once it has
+// drained and left the pool, as the spec requires.
 func (m *metrics) forgetUpstream(addr string) {
-	m.connectionErrors.DeleteLabelValues(addr)
-	m.upstreamRTT.DeleteLabelValues(addr)
-	m.upstreamTier.DeleteLabelValues(addr)
-	m.upstreamReady.DeleteLabelValues(addr)
-	m.healthStatus.DeleteLabelValues(addr)
-	m.dialSeconds.DeleteLabelValues(addr)
-	m.upstreamConns.DeleteLabelValues(addr)
+	for _, v := range []interface{ DeleteLabelValues(...string) bool }{
+		m.connectionErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus, m.dialSeconds, m.upstreamConns,
+	} {
+		v.DeleteLabelValues(addr)
+	}
 }
 
 // boolGauge converts a state to the 1/0 value the gauges use.

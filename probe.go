@@ -46,7 +46,7 @@ func connectTimed(ctx context.Context, addr string) (net.Conn, time.Duration, er
 	start := time.Now()
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, 0, fmt.Errorf("health check %s: %w", addr, unreachableFromHere(ctx, err))
+		return nil, 0, fmt.Errorf("health check %s: %w", addr, err)
 	}
 	return c, time.Since(start), nil
 }

@@ -60,27 +60,21 @@ func (s *latencySelector) order(all, candidates []*upstream) [][]*upstream {
 	byTier := make([][]*upstream, len(tiers))
 	var fresh []*upstream
 	for _, u := range candidates {
-		if !u.hasRTT {
+		if u.hasRTT {
+			byTier[u.tier] = append(byTier[u.tier], u)
+		} else {
 			fresh = append(fresh, u)
-			continue
-		}
-		byTier[s.groups[u.addr]] = append(byTier[s.groups[u.addr]], u)
-	}
-	var out [][]*upstream
-	for _, group := range byTier {
-		if len(group) > 0 {
-			out = append(out, group)
 		}
 	}
+	out := slices.DeleteFunc(byTier, func(g []*upstream) bool { return len(g) == 0 })
 	// A new upstream takes picks before its first check, but only a share
 	// of the best tier's, not of every upstream's.
-	if len(out) == 0 {
-		if len(fresh) == 0 {
-			return nil
-		}
-		return [][]*upstream{fresh}
+	switch {
+	case len(out) > 0:
+		out[0] = append(out[0], fresh...)
+	case len(fresh) > 0:
+		out = [][]*upstream{fresh}
 	}
-	out[0] = append(out[0], fresh...)
 	return out
 }
 
@@ -107,28 +101,19 @@ func pickFrom(groups [][]*upstream, tried []*upstream) *upstream {
 }
 
 // pickRandom returns a uniformly random member of candidates that is not in
-// tried, without allocating.
+// tried, or nil, without allocating: each untried one replaces the choice
+// with probability 1/n, n counting the untried ones seen so far.
 func pickRandom(candidates, tried []*upstream) *upstream {
+	var pick *upstream
 	n := 0
 	for _, u := range candidates {
 		if !slices.Contains(tried, u) {
-			n++
+			if n++; rand.IntN(n) == 0 { //nolint:gosec // load spreading needs no unpredictability
+				pick = u
+			}
 		}
 	}
-	if n == 0 {
-		return nil
-	}
-	k := rand.IntN(n) //nolint:gosec // load spreading needs no unpredictability
-	for _, u := range candidates {
-		if slices.Contains(tried, u) {
-			continue
-		}
-		if k == 0 {
-			return u
-		}
-		k--
-	}
-	return nil // unreachable: k < n
+	return pick
 }
 
 const (

@@ -7,8 +7,14 @@
 // `taskset -c 1`. Each scenario repeats the systems interleaved (A, B, C,
 // A, B, C, ...) with a fresh proxy process per run, and reports medians.
 // All traffic stays on 127.0.0.1, and every loop is bounded in count and
-// time. Use bench/run.sh, which builds the binaries and installs the peers;
-// see its usage for the flags.
+// time.
+//
+// The report (-o, RESULTS.md by default) replaces the file, except for the
+// hand-written section from a line "## History" to the end, which it keeps
+// after the new report.
+//
+// Use bench/run.sh, which builds the binaries and installs the peers; see
+// its usage for the flags.
 package main
 
 import (
@@ -80,7 +86,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.settle, "settle", 10*time.Second, "wait after the idle connections close before reading RSS")
 	fs.DurationVar(&c.failDur, "failover-duration", 10*time.Second, "length of one failover run")
 	fs.DurationVar(&c.failKillAt, "failover-kill-at", 3*time.Second, "when the upstream is killed in a failover run")
-	fs.StringVar(&c.out, "o", "RESULTS.md", "Markdown report to write")
+	fs.StringVar(&c.out, "o", "RESULTS.md", "Markdown report to write; from a line \"## History\" to the end, the file it replaces is kept")
 	fs.StringVar(&c.epBin, "ep", "", "extractedprism binary (go build -o X .)")
 	fs.StringVar(&c.epStripped, "ep-stripped", "", "extractedprism built with -ldflags='-s -w', for its size")
 	fs.StringVar(&c.command, "command", "", "the command line to record in the report")
@@ -212,7 +218,7 @@ func run(cfg *config) error {
 	took := time.Since(start)
 	report := b.header(loadStart, loadAvg(), waited, quietAt, took) + b.rep.String() + b.targets() + b.notes()
 	fmt.Fprint(os.Stdout, report)
-	if err := os.WriteFile(cfg.out, []byte(report), 0o644); err != nil { //nolint:gosec // the report is for everyone to read, like the RESULTS.md it usually replaces
+	if err := writeReport(cfg.out, report); err != nil {
 		return err
 	}
 	log.Printf("wrote %s in %s", cfg.out, took.Round(time.Second)) //nolint:gosec // -o is the operator's own path, logged to the operator's own terminal

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Performance benchmark: extractedprism against HAProxy and nginx (stream)
-# in front of the same local upstreams. Writes bench/RESULTS.md.
+# in front of the same local upstreams. Writes bench/RESULTS.md, keeping
+# its hand-written section from a line "## History" to the end.
 #
 #   bench/run.sh                 full run (about 15 minutes on 2 cores)
 #   bench/run.sh --quick         smoke run (under 2 minutes)

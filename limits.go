@@ -1,0 +1,61 @@
+package main
+
+// Beyond the spec: the bound on proxied connections. Without it a local
+// process opening connections until the daemon runs out of descriptors or
+// memory would stop it serving, or get it killed with every proxied
+// connection on the node. At the bound, new clients wait in the listen
+// backlog (the proxy takes a slot before it accepts).
+
+const (
+	// fdsPerConn is what one proxied connection holds: its two sockets and,
+	// for each direction waiting for bytes, the splice pipe (two
+	// descriptors) Go's io.Copy keeps between TCP sockets. Where no pipe can
+	// be had, Go copies through user space instead.
+	fdsPerConn = 6
+	// fdReserve descriptors are never used for proxied connections, so the
+	// health server (healthMaxConns of them), the probes and discovery keep
+	// working while clients hold every other descriptor.
+	fdReserve = 256
+
+	// memPerConn is what the memory bound counts per connection: several
+	// times what an idle one takes of the process's memory and of the
+	// cgroup's socket memory, leaving room for connections moving bytes;
+	// memReserve is kept for the rest of the daemon, which idles at about
+	// 16 MiB. The bound is never below fewConnections: a memory limit that
+	// small still runs an idle daemon, whose node agents need a few dozen.
+	memPerConn = 32 << 10
+	memReserve = 24 << 20
+
+	// fewConnections is the bound below which start-up warns.
+	fewConnections = 64
+
+	// What sets the bound, as start-up logs it.
+	limitByFiles  = "open files"
+	limitByMemory = "memory"
+)
+
+// maxConnections returns the bound on proxied connections and what sets
+// it: the open-files limit nofile or, where it is lower, the memory limit
+// (0 for none) of the process's cgroup.
+func maxConnections(nofile, memory uint64) (int, string) {
+	limit := 1
+	if nofile > fdReserve+fdsPerConn {
+		limit = int(min((nofile-fdReserve)/fdsPerConn, 1<<20))
+	}
+	if m := memConnLimit(memory); m > 0 && m < limit {
+		return m, limitByMemory
+	}
+	return limit, limitByFiles
+}
+
+// memConnLimit derives the number of proxied connections from a memory
+// limit in bytes, keeping memReserve for everything else; 0 for no limit.
+func memConnLimit(memory uint64) int {
+	switch {
+	case memory == 0:
+		return 0
+	case memory <= memReserve+fewConnections*memPerConn:
+		return fewConnections
+	}
+	return int(min((memory-memReserve)/memPerConn, 1<<20))
+}

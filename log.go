@@ -1,0 +1,128 @@
+package main
+
+// Beyond the spec: logging never blocks the daemon. A write to stderr
+// blocks while its reader (journald, a container log shim) is not reading;
+// one stalled write once froze new connections, the liveness beat and
+// shutdown. Records go through a bounded queue to one writer goroutine.
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+const (
+	// logQueueRecords bounds the records held for a log reader that is not
+	// reading: at a few hundred bytes a record (errors cut to maxLogError)
+	// about 1 MiB, minutes of state changes at info level.
+	logQueueRecords = 4096
+	// logFlushTimeout bounds how long the exit waits for queued lines: long
+	// enough for a working stderr, short enough that a stuck one cannot
+	// hold up a restart.
+	logFlushTimeout = 2 * time.Second
+	// maxLogError bounds an error's text in a log line. Errors carry text
+	// from peers, such as the names in a certificate, tens of KiB of it.
+	maxLogError = 2 << 10
+)
+
+// newLogger returns a logger writing JSON records of at least level to w.
+func newLogger(level slog.Level, w io.Writer) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: nameLevel}))
+}
+
+// nameLevel prints the levels above Error by name ("FATAL") instead of as
+// an offset ("ERROR+6"), durations as text ("30s") where JSON would have
+// nanoseconds, and errors cut to maxLogError bytes.
+func nameLevel(groups []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	if err, ok := a.Value.Any().(error); ok && a.Value.Kind() == slog.KindAny {
+		if text := err.Error(); len(text) > maxLogError {
+			return slog.String(a.Key, cutText(text, maxLogError)+"...")
+		}
+		return a
+	}
+	if level, ok := a.Value.Any().(slog.Level); ok && len(groups) == 0 && a.Key == slog.LevelKey {
+		for name, l := range logLevels() {
+			if l == level && l > slog.LevelError {
+				return slog.String(a.Key, strings.ToUpper(name))
+			}
+		}
+	}
+	return a
+}
+
+// logSink is the queue between the logger and stderr. Write queues a copy
+// of each record without blocking, dropping and counting it when the queue
+// is full; run, the one writer, writes the queue to out in order.
+type logSink struct {
+	out     io.Writer
+	notice  *slog.Logger // the drop warning, straight to out, at warn whatever --log-level says
+	records chan []byte
+	dropped atomic.Int64 // since the last warning
+	stop    chan struct{}
+	done    chan struct{} // closed when run returns
+}
+
+func newLogSink(out io.Writer) *logSink {
+	return &logSink{
+		out: out, notice: newLogger(slog.LevelWarn, out),
+		records: make(chan []byte, logQueueRecords),
+		stop:    make(chan struct{}), done: make(chan struct{}),
+	}
+}
+
+// Write queues a copy of p (slog reuses its buffer). It reports success
+// even for a dropped record: the logger has nothing better to do.
+func (s *logSink) Write(p []byte) (int, error) {
+	select {
+	case s.records <- bytes.Clone(p):
+	default:
+		s.dropped.Add(1)
+	}
+	return len(p), nil
+}
+
+// run writes queued records to out until close is called, then what is
+// left. Write errors are ignored: EPIPE is expected once the reader has
+// gone (SIGPIPE is caught), and nobody else could report them.
+func (s *logSink) run() {
+	defer close(s.done)
+	for {
+		select {
+		case r := <-s.records:
+			s.write(r)
+		case <-s.stop:
+			for {
+				select {
+				case r := <-s.records:
+					s.write(r)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// write writes r and then, once out takes lines again, how many were
+// dropped meanwhile.
+func (s *logSink) write(r []byte) {
+	_, _ = s.out.Write(r)
+	for n := s.dropped.Swap(0); n > 0; n = s.dropped.Swap(0) {
+		s.notice.Warn("log lines dropped: the log reader was not keeping up", "dropped", n)
+	}
+}
+
+// close makes run write what is queued and return, waits for it at most
+// timeout, and reports whether it returned: a writer stuck on out cannot be
+// interrupted, and the process ending is what ends it then.
+func (s *logSink) close(timeout time.Duration) bool {
+	close(s.stop)
+	return !await(context.Background(), timeout, s.done)
+}

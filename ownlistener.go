@@ -1,0 +1,112 @@
+package main
+
+// Beyond the spec: an endpoint that is the proxy's own listener would make
+// the proxy its own upstream, a loop that takes a connection slot at every
+// hop until none is left. It is refused in --endpoints and dropped from
+// discovery and the endpoint cache.
+
+import (
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// checkOwnListener refuses --endpoints entries that are the proxy's own
+// listener, when --bind-address is an IP address or localhost.
+func (c *config) checkOwnListener() error {
+	var listens []string
+	port := strconv.Itoa(c.BindPort)
+	if isLocalhost(c.BindAddress) {
+		listens = []string{net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port)}
+	} else if _, err := netip.ParseAddr(c.BindAddress); err == nil {
+		listens = []string{net.JoinHostPort(c.BindAddress, port)}
+	}
+	local := localAddrs()
+	var own []string
+	for _, e := range c.Endpoints {
+		if slices.ContainsFunc(listens, func(l string) bool { return ownListener(e, l, local) }) {
+			own = append(own, e)
+		}
+	}
+	if len(own) == 0 {
+		return nil
+	}
+	return flagError("endpoints", "must not name this proxy's own listener %s (%s, %s), which would make it its own upstream: %s",
+		net.JoinHostPort(c.BindAddress, port), flagRef("bind-address"), flagRef("bind-port"), strings.Join(own, ", "))
+}
+
+// withoutOwnListener returns eps without the endpoints that are the
+// listener at listen, warning of them.
+func withoutOwnListener(eps []string, listen string, log *slog.Logger) []string {
+	local := localAddrs() // read each time: the node may have gained one
+	var dropped []string
+	kept := slices.DeleteFunc(slices.Clone(eps), func(e string) bool {
+		own := ownListener(e, listen, local)
+		if own {
+			dropped = append(dropped, e)
+		}
+		return own
+	})
+	if len(dropped) > 0 {
+		log.Warn("ignoring endpoints that are this proxy's own listener", "endpoints", dropped, "listen", listen)
+	}
+	return kept
+}
+
+// ownListener reports whether dialling endpoint reaches the listener at
+// listen (an IP:port). local are the addresses of this node's interfaces,
+// which a wildcard listener answers on too. A hostname other than localhost
+// is not resolved, and never reported.
+func ownListener(endpoint, listen string, local []netip.Addr) bool {
+	l, err := netip.ParseAddrPort(listen)
+	if err != nil {
+		return false
+	}
+	host, port, err := net.SplitHostPort(endpoint)
+	if err != nil || port != strconv.Itoa(int(l.Port())) {
+		return false
+	}
+	var ips []netip.Addr
+	if isLocalhost(host) {
+		ips = []netip.Addr{netip.IPv6Loopback(), netip.AddrFrom4([4]byte{127, 0, 0, 1})}
+	} else if ip, err := netip.ParseAddr(host); err == nil {
+		ips = []netip.Addr{ip.Unmap()}
+	}
+	return slices.ContainsFunc(ips, func(ip netip.Addr) bool { return reaches(ip, l.Addr().Unmap(), local) })
+}
+
+// reaches reports whether a connection to ip reaches a listener on listen,
+// the port being the same.
+func reaches(ip, listen netip.Addr, local []netip.Addr) bool {
+	switch {
+	case ip == listen:
+		return true
+	case ip.IsUnspecified():
+		// Linux connects a dial to 0.0.0.0 or :: to this host.
+		return listen.IsLoopback() || listen.IsUnspecified() || slices.Contains(local, listen)
+	case listen.IsUnspecified():
+		return ip.IsLoopback() || slices.Contains(local, ip)
+	}
+	return false
+}
+
+// localAddrs returns the addresses of this node's interfaces, none if they
+// cannot be listed.
+func localAddrs() []netip.Addr {
+	addrs, _ := net.InterfaceAddrs()
+	var ips []netip.Addr
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			ips = append(ips, p.Addr().Unmap())
+		}
+	}
+	return ips
+}
+
+// isLocalhost reports whether host names localhost, fully qualified or not.
+func isLocalhost(host string) bool {
+	return strings.EqualFold(strings.TrimSuffix(host, "."), "localhost")
+}
