@@ -531,6 +531,33 @@ func TestTemplatePortBySet(t *testing.T) {
 	}
 }
 
+// TestTemplateAsSubchart renders the chart as a parent chart's dependency,
+// which helm always hands the parent's global values.
+func TestTemplateAsSubchart(t *testing.T) {
+	parent := filepath.Join(t.TempDir(), "parent")
+	if err := os.CopyFS(filepath.Join(parent, "charts", "extractedprism"), os.DirFS(chartDir)); err != nil {
+		t.Fatalf("copy chart: %v", err)
+	}
+	writeFile(t, filepath.Join(parent, "Chart.yaml"), []byte("apiVersion: v2\nname: parent\nversion: 0.1.0\n"))
+	data, err := yaml.Marshal(map[string]any{
+		"global":         map[string]any{"imageRegistry": "registry.example"},
+		"extractedprism": map[string]any{"endpoints": exampleEndpoints},
+	})
+	if err != nil {
+		t.Fatalf("marshal values: %v", err)
+	}
+	writeFile(t, filepath.Join(parent, "values.yaml"), data)
+	out, err := runHelm(t, "template", releaseName, parent, "--namespace", releaseNamespace, "--kube-version", kubeVersion)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	m := decodeManifest(t, out)
+	checkInvariants(t, m)
+	if got := envValues(t, container(t, m))["EP_ENDPOINTS"]; got != strings.Join(exampleEndpoints, ",") {
+		t.Errorf("EP_ENDPOINTS = %q; want the parent's values for the subchart", got)
+	}
+}
+
 // TestTemplateAcceptsFullyQualifiedNames: a hostname with a trailing dot,
 // which the daemon accepts, passes the schema as endpoint and address.
 func TestTemplateAcceptsFullyQualifiedNames(t *testing.T) {
