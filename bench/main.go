@@ -1,6 +1,10 @@
 // Command bench compares extractedprism with HAProxy and nginx (stream) as
-// TCP load balancers in front of the same three local upstreams, and with a
-// direct connection to the upstreams (no proxy).
+// TCP load balancers in front of the same three local upstreams, with a
+// direct connection to the upstreams (no proxy), with gocopy (the smallest
+// Go proxy, a reference) and with other extractedprism builds given by
+// -ep-alt NAME=PATH, each run right after extractedprism in every scenario.
+// bench/run.sh --baseline REV builds git revision REV as the -ep-alt build
+// "baseline", today's build.
 //
 // The upstreams (echo and bulk generator) and the load generator run in
 // this process, which bench/run.sh pins to CPU 0; every proxy runs under
@@ -56,7 +60,8 @@ type config struct {
 	maxTime     time.Duration
 	straceBytes int64
 	keepTmp     bool
-	alt         map[string]string
+	alt         map[string]string // -ep-alt: system name → binary
+	altNames    []string          // the -ep-alt names, in the order given
 }
 
 func main() {
@@ -76,7 +81,7 @@ func main() {
 
 func parseFlags(args []string) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	c := &config{}
+	c := &config{alt: map[string]string{}}
 	fs.BoolVar(&c.quick, "quick", false, "smoke run: 1 repetition, short runs, 512 MiB bulk, 2,000 idle connections")
 	fs.IntVar(&c.reps, "reps", 5, "repetitions of the connection-rate and request/response scenarios")
 	fs.IntVar(&c.slowReps, "slow-reps", 3, "repetitions of the bulk, idle, footprint and failover scenarios")
@@ -92,11 +97,12 @@ func parseFlags(args []string) (*config, error) {
 	fs.StringVar(&c.command, "command", "", "the command line to record in the report")
 	fs.StringVar(&c.proxyCPU, "proxy-cpu", "1", "taskset CPU list for the proxies")
 	fs.StringVar(&c.scenarios, "scenarios", "connrate,reqresp,bulk,strace,idle,footprint,failover,fdlimit", "scenarios to run")
-	systems := fs.String("systems", "direct,haproxy,nginx,extractedprism,gocopy", "systems to compare (gocopy, a reference, runs only in the connection-rate, request/response and bulk scenarios)")
+	systems := fs.String("systems", "direct,haproxy,nginx,extractedprism,gocopy", "systems to compare, in the order each round runs them (gocopy, a reference, runs only in the connection-rate, request/response and bulk scenarios)")
 	fs.DurationVar(&c.waitQuiet, "wait-quiet", 0, "wait up to this long for the 1-minute load average to fall below -quiet-load")
 	fs.Float64Var(&c.quietLoad, "quiet-load", 1.5, "load average below which the machine counts as quiet")
 	fs.DurationVar(&c.maxTime, "max-time", 40*time.Minute, "abort the whole run after this long")
-	alt := fs.String("ep-alt", "", "other extractedprism builds to compare, NAME=PATH,...; add the NAMEs to -systems")
+	fs.Func("ep-alt", "other extractedprism builds, NAME=PATH[,NAME=PATH...], repeatable; each runs after extractedprism in every scenario (with -systems given, list the NAMEs there); bench/run.sh --baseline REV names today's build "+sysBaseline,
+		c.addAlt)
 	fs.BoolVar(&c.keepTmp, "keep-tmp", false, "keep the temp dir with the peers' configs and logs")
 	straceMiB := fs.Int64("strace-mib", 256, "bytes of the bulk download traced with strace, MiB")
 	if err := fs.Parse(args); err != nil {
@@ -105,46 +111,89 @@ func parseFlags(args []string) (*config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if c.quick {
-		quick := map[string]func(){
-			"reps":              func() { c.reps = 1 },
-			"slow-reps":         func() { c.slowReps = 1 },
-			"duration":          func() { c.dur = 1500 * time.Millisecond },
-			"bulk-mib":          func() { *bulkMiB = 512 },
-			"idle-conns":        func() { c.idleConns = 2000 },
-			"settle":            func() { c.settle = 2 * time.Second },
-			"failover-duration": func() { c.failDur = 4 * time.Second },
-			"failover-kill-at":  func() { c.failKillAt = 1500 * time.Millisecond },
-			"strace-mib":        func() { *straceMiB = 128 },
-		}
-		for name, apply := range quick {
-			if !set[name] {
-				apply()
-			}
-		}
+		c.applyQuick(set, bulkMiB, straceMiB)
 	}
 	c.bulkBytes = *bulkMiB << 20
 	c.straceBytes = *straceMiB << 20
 	c.systems = strings.Split(*systems, ",")
-	c.alt = map[string]string{}
-	if *alt != "" {
-		for kv := range strings.SplitSeq(*alt, ",") {
-			name, path, ok := strings.Cut(kv, "=")
-			if !ok {
-				return nil, fmt.Errorf("-ep-alt: want NAME=PATH, got %q", kv)
-			}
-			c.alt[name] = path
+	if !set["systems"] {
+		c.systems = withAlts(c.systems, c.altNames)
+	}
+	return c, c.validate()
+}
+
+// addAlt takes one -ep-alt value.
+func (c *config) addAlt(v string) error {
+	for kv := range strings.SplitSeq(v, ",") {
+		name, path, ok := strings.Cut(kv, "=")
+		if !ok || name == "" || path == "" {
+			return fmt.Errorf("want NAME=PATH, got %q", kv)
+		}
+		switch name {
+		case sysDirect, sysHAProxy, sysNginx, sysEP, sysGoCopy:
+			return fmt.Errorf("%s is a built-in system; name the build otherwise", name)
+		}
+		if _, dup := c.alt[name]; !dup {
+			c.altNames = append(c.altNames, name)
+		}
+		c.alt[name] = path
+	}
+	return nil
+}
+
+// applyQuick shortens the run for -quick, except where a flag was set.
+func (c *config) applyQuick(set map[string]bool, bulkMiB, straceMiB *int64) {
+	quick := map[string]func(){
+		"reps":              func() { c.reps = 1 },
+		"slow-reps":         func() { c.slowReps = 1 },
+		"duration":          func() { c.dur = 1500 * time.Millisecond },
+		"bulk-mib":          func() { *bulkMiB = 512 },
+		"idle-conns":        func() { c.idleConns = 2000 },
+		"settle":            func() { c.settle = 2 * time.Second },
+		"failover-duration": func() { c.failDur = 4 * time.Second },
+		"failover-kill-at":  func() { c.failKillAt = 1500 * time.Millisecond },
+		"strace-mib":        func() { *straceMiB = 128 },
+	}
+	for name, apply := range quick {
+		if !set[name] {
+			apply()
 		}
 	}
+}
+
+// withAlts puts the alternative builds into systems right after
+// extractedprism, so every round runs them side by side; at the end when
+// extractedprism is not among them.
+func withAlts(systems, alts []string) []string {
+	i := slices.Index(systems, sysEP)
+	if i < 0 {
+		return slices.Concat(systems, alts)
+	}
+	return slices.Concat(systems[:i+1], alts, systems[i+1:])
+}
+
+// validate holds the rules across flags.
+func (c *config) validate() error {
+	var errs []error
 	if c.epBin == "" {
-		return nil, errors.New("-ep is required")
+		errs = append(errs, errors.New("-ep is required"))
 	}
 	if c.reps < 1 || c.slowReps < 1 {
-		return nil, errors.New("-reps and -slow-reps must be at least 1")
+		errs = append(errs, errors.New("-reps and -slow-reps must be at least 1"))
 	}
 	if c.failKillAt >= c.failDur {
-		return nil, errors.New("-failover-kill-at must be less than -failover-duration")
+		errs = append(errs, errors.New("-failover-kill-at must be less than -failover-duration"))
 	}
-	return c, nil
+	for _, s := range c.systems {
+		switch s {
+		case sysDirect, sysHAProxy, sysNginx, sysEP, sysGoCopy:
+		default:
+			if _, ok := c.alt[s]; !ok {
+				errs = append(errs, fmt.Errorf("-systems: %q is neither a built-in system nor an -ep-alt NAME", s))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // bench is one whole run.
@@ -519,7 +568,7 @@ func (b *bench) notes() string {
 
 var staticNotes = []string{
 	"The upstreams are three in-process servers on 127.0.0.1 (echo; or a generator that sends a requested number of bytes and closes). They run on CPU 0 with the load generator, so the direct row measures client plus server on one CPU, and a proxy adds a second CPU to the pipeline: a proxied run can be faster than direct.",
-	"HAProxy: `mode tcp`, `nbthread 1`, `balance random`, `check inter 2s fall 2 rise 1`, `retries 3`, `option redispatch`, `timeout connect 1s`, global `maxconn` from the inherited descriptor limit (two per connection, at most 100,000); default buffers and no `option splice-*` (HAProxy splices only when told to). nginx: stream module, `worker_processes 1`, `random` balancing, `max_fails=2 fail_timeout=2s` (passive checks; nginx has no active ones), `proxy_next_upstream on`, `proxy_next_upstream_tries 3`, `proxy_connect_timeout 1s`, `worker_rlimit_nofile` the inherited limit. extractedprism: `--enable-discovery=false --health-interval 2s --health-timeout 1s`, random selection, built with plain `go build`. Every proxy is a child process of the bench, under `taskset -c 1`, with its config in a temp dir.",
+	"HAProxy: `mode tcp`, `nbthread 1`, `balance random`, `check inter 2s fall 2 rise 1`, `retries 3`, `option redispatch`, `timeout connect 1s`, global `maxconn` from the inherited descriptor limit (two per connection, at most 100,000); default buffers and no `option splice-*` (HAProxy splices only when told to). nginx: stream module, `worker_processes 1`, `random` balancing, `max_fails=2 fail_timeout=2s` (passive checks; nginx has no active ones), `proxy_next_upstream on`, `proxy_next_upstream_tries 3`, `proxy_connect_timeout 1s`, `worker_rlimit_nofile` the inherited limit. extractedprism: `--enable-discovery=false --health-interval 2s --health-timeout 1s`, random selection, built with plain `go build`; the same for baseline, built by `bench/run.sh --baseline REV` from revision REV in a temporary git worktree. Every proxy is a child process of the bench, under `taskset -c 1`, with its config in a temp dir.",
 	"gocopy is a reference, not a load balancer: the bench binary itself as the smallest Go TCP proxy (accept, dial the next upstream in turn, `io.Copy` each way, which splices TCP to TCP on Linux; no health checks, retries or limits), under the same `taskset`. It shows what Go's `net` package and runtime cost on this machine, which every Go proxy pays; it runs only in the connection-rate, request/response and bulk scenarios (its idle connections would each hold two splice pipes while waiting, more descriptors than the idle scenario allows).",
 	"Proxy CPU is utime+stime of the proxying process (nginx: its worker) from /proc/PID/stat before and after the run (10 ms resolution). GB is 10^9 bytes.",
 	"Idle memory is the VmRSS delta of the proxying process divided by the connections; the descriptor count is /proc/PID/fd before and after. Kernel memory is not in RSS: the kernel column is the delta of the machine's SUnreclaim (slab, where sockets and pipe rings live) per connection, so it includes the client's and the upstream's sockets, the same for every system.",

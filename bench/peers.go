@@ -24,6 +24,9 @@ const (
 	sysNginx   = "nginx"
 	sysEP      = "extractedprism"
 	sysGoCopy  = "gocopy" // the reference Go proxy; see serveGoCopy
+	// sysBaseline is the -ep-alt build that bench/run.sh --baseline REV
+	// makes of "today's build", which some targets are measured against.
+	sysBaseline = "baseline"
 )
 
 // env is what every system is started from.
@@ -146,6 +149,13 @@ func (e *env) start(name string, o startOpts) (*instance, error) {
 			"--enable-discovery=false", "--health-interval", "2s", "--health-timeout", "1s"}
 	}
 	return e.launch(in, argv, o)
+}
+
+// isEP reports whether system name is an extractedprism build: this
+// tree's or an -ep-alt one.
+func (e *env) isEP(name string) bool {
+	_, alt := e.alt[name]
+	return name == sysEP || alt
 }
 
 // launch starts argv as in's process under taskset (and ulimit, when

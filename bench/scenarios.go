@@ -233,7 +233,7 @@ func (b *bench) straceScenario() error {
 		// HAProxy and nginx copy in 16 KiB steps, which strace slows a lot:
 		// a quarter of the bytes shows their pattern as well.
 		n := b.cfg.straceBytes
-		if name != sysEP {
+		if !b.env.isEP(name) {
 			n /= 4
 		}
 		calls, err := b.straceBulk(in, n)
@@ -245,7 +245,7 @@ func (b *bench) straceScenario() error {
 		rows = append(rows, row{name, calls})
 	}
 	b.section("Splice check (strace)",
-		fmt.Sprintf("One download through each proxy (%s through extractedprism, %s through the others) with `strace -f -c -e trace=%s -p PID` attached to the proxying process. Calls (errors, mostly EAGAIN, in parentheses). strace slows the proxy; this run only counts calls.",
+		fmt.Sprintf("One download through each proxy (%s through the extractedprism builds, %s through the others) with `strace -f -c -e trace=%s -p PID` attached to the proxying process. Calls (errors, mostly EAGAIN, in parentheses). strace slows the proxy; this run only counts calls.",
 			mib(b.cfg.straceBytes), mib(b.cfg.straceBytes/4), strings.Join(straceSyscalls, ",")))
 	var t table
 	t.head = append([]string{colSystem}, straceSyscalls...)
@@ -657,7 +657,7 @@ func (b *bench) fdLimitScenario() error {
 		r.held = len(conns)
 		r.served = len(served)
 		r.servedAgain = echoAll(served, 3*time.Second)
-		if in.name == sysEP {
+		if b.env.isEP(in.name) {
 			r.health = fmt.Sprintf("/healthz %d, /readyz %d", in.healthz("/healthz"), in.healthz("/readyz"))
 		}
 		closeAll(conns)
