@@ -2,9 +2,19 @@
 // TCP load balancers in front of the same three local upstreams, with a
 // direct connection to the upstreams (no proxy), with gocopy (the smallest
 // Go proxy, a reference) and with other extractedprism builds given by
-// -ep-alt NAME=PATH, each run right after extractedprism in every scenario.
-// bench/run.sh --baseline REV builds git revision REV as the -ep-alt build
-// "baseline", today's build.
+// -ep-alt NAME=PATH. bench/run.sh --baseline REV builds git revision REV
+// as the -ep-alt build "baseline", today's build that issue 25's targets
+// compare with.
+//
+// Scenarios, in the order they run: connrate (short connections), reqresp
+// (64 B round trips), bulk (downloads), strace (splice calls), idle (RSS
+// and descriptors per idle connection), footprint (idle RSS, binary size),
+// failover (an upstream killed), fdlimit (more clients than the
+// descriptors allow). The idle connection count is lowered to what every
+// system can hold: the descriptors of this process and the peers'
+// configured limits, and for each extractedprism build, started once
+// beforehand, its extractedprism_connection_limit and the descriptors a
+// sample of idle connections was measured to hold.
 //
 // The upstreams (echo and bulk generator) and the load generator run in
 // this process, which bench/run.sh pins to CPU 0; every proxy runs under
@@ -13,12 +23,13 @@
 // All traffic stays on 127.0.0.1, and every loop is bounded in count and
 // time.
 //
-// The report (-o, RESULTS.md by default) replaces the file, except for the
-// hand-written section from a line "## History" to the end, which it keeps
-// after the new report.
+// The report (-o, RESULTS.md by default) starts with the machine, the
+// settings and the Targets table, then has a section per scenario and the
+// notes. It replaces the file, except for the hand-written section from a
+// line "## History" to the end, which it keeps after the new report.
 //
 // Use bench/run.sh, which builds the binaries and installs the peers; see
-// its usage for the flags.
+// its usage for its options, and go run . -h for the flags.
 package main
 
 import (
@@ -44,7 +55,7 @@ type config struct {
 	slowReps    int           // repetitions of the idle, failover and footprint scenarios
 	dur         time.Duration // connection-rate and request/response runs
 	bulkBytes   int64         // per stream
-	idleConns   int
+	idleConns   int           // asked for; the idle scenario lowers it to what fits
 	settle      time.Duration // after the idle connections close, before RSS is read
 	failDur     time.Duration
 	failKillAt  time.Duration
@@ -87,7 +98,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.IntVar(&c.slowReps, "slow-reps", 3, "repetitions of the bulk, idle, footprint and failover scenarios")
 	fs.DurationVar(&c.dur, "duration", 5*time.Second, "length of one connection-rate or request/response run")
 	bulkMiB := fs.Int64("bulk-mib", 2048, "bytes per bulk run, MiB (4 streams carry a quarter each)")
-	fs.IntVar(&c.idleConns, "idle-conns", 10000, "idle connections held through each proxy")
+	fs.IntVar(&c.idleConns, "idle-conns", 10000, "idle connections held through each proxy (lowered to what the descriptor and connection limits allow)")
 	fs.DurationVar(&c.settle, "settle", 10*time.Second, "wait after the idle connections close before reading RSS")
 	fs.DurationVar(&c.failDur, "failover-duration", 10*time.Second, "length of one failover run")
 	fs.DurationVar(&c.failKillAt, "failover-kill-at", 3*time.Second, "when the upstream is killed in a failover run")
@@ -101,7 +112,7 @@ func parseFlags(args []string) (*config, error) {
 	fs.DurationVar(&c.waitQuiet, "wait-quiet", 0, "wait up to this long for the 1-minute load average to fall below -quiet-load")
 	fs.Float64Var(&c.quietLoad, "quiet-load", 1.5, "load average below which the machine counts as quiet")
 	fs.DurationVar(&c.maxTime, "max-time", 40*time.Minute, "abort the whole run after this long")
-	fs.Func("ep-alt", "other extractedprism builds, NAME=PATH[,NAME=PATH...], repeatable; each runs after extractedprism in every scenario (with -systems given, list the NAMEs there); bench/run.sh --baseline REV names today's build "+sysBaseline,
+	fs.Func("ep-alt", "other extractedprism builds, NAME=PATH[,NAME=PATH...], repeatable; each runs after extractedprism in every scenario (with -systems given, list the NAMEs there); the targets compare with the one named "+sysBaseline,
 		c.addAlt)
 	fs.BoolVar(&c.keepTmp, "keep-tmp", false, "keep the temp dir with the peers' configs and logs")
 	straceMiB := fs.Int64("strace-mib", 256, "bytes of the bulk download traced with strace, MiB")
@@ -202,7 +213,7 @@ type bench struct {
 	env  *env
 	ups  []*upstream
 	rep  strings.Builder // the report body
-	tgts []target
+	tgts [numTargets]target
 	note []string
 
 	mu      sync.Mutex
@@ -210,18 +221,10 @@ type bench struct {
 	loads   []string // 1-minute load average after each scenario
 }
 
-// target is one of the issue's targets and whether the run met it.
-type target struct {
-	what, measured string
-	met            bool
-	known          bool // false: not measured in this run
-}
-
 func run(cfg *config) error {
 	log.SetFlags(log.Ltime)
 	b := &bench{cfg: cfg, running: map[*instance]bool{}}
 	nofile := raiseNofile()
-	b.fitIdle(nofile)
 
 	waited, quietAt := b.waitQuiet()
 	loadStart := loadAvg()
@@ -265,7 +268,7 @@ func run(cfg *config) error {
 	}
 	b.markFinished()
 	took := time.Since(start)
-	report := b.header(loadStart, loadAvg(), waited, quietAt, took) + b.rep.String() + b.targets() + b.notes()
+	report := b.header(loadStart, loadAvg(), waited, quietAt, took) + b.targets() + b.rep.String() + b.notes()
 	fmt.Fprint(os.Stdout, report)
 	if err := writeReport(cfg.out, report); err != nil {
 		return err
@@ -309,6 +312,18 @@ func (b *bench) watchdog(ctx context.Context) {
 	os.Exit(3)
 }
 
+// The scenarios, by the names -scenarios takes.
+const (
+	scnConnRate  = "connrate"
+	scnReqResp   = "reqresp"
+	scnBulk      = "bulk"
+	scnStrace    = "strace"
+	scnIdle      = "idle"
+	scnFootprint = "footprint"
+	scnFailover  = "failover"
+	scnFDLimit   = "fdlimit"
+)
+
 // runScenarios runs the scenarios named in -scenarios, in their fixed
 // order, and records the load average after each.
 func (b *bench) runScenarios() error {
@@ -320,14 +335,14 @@ func (b *bench) runScenarios() error {
 		name string
 		fn   func() error
 	}{
-		{"connrate", b.connRateScenario},
-		{"reqresp", b.reqRespScenario},
-		{"bulk", b.bulkScenario},
-		{"strace", b.straceScenario},
-		{"idle", b.idleScenario},
-		{"footprint", b.footprintScenario},
-		{"failover", b.failoverScenario},
-		{"fdlimit", b.fdLimitScenario},
+		{scnConnRate, b.connRateScenario},
+		{scnReqResp, b.reqRespScenario},
+		{scnBulk, b.bulkScenario},
+		{scnStrace, b.straceScenario},
+		{scnIdle, b.idleScenario},
+		{scnFootprint, b.footprintScenario},
+		{scnFailover, b.failoverScenario},
+		{scnFDLimit, b.fdLimitScenario},
 	}
 	var loads []string
 	for _, s := range steps {
@@ -376,20 +391,6 @@ func raiseNofile() int {
 	}
 	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl)
 	return int(min(rl.Cur, 1<<30))
-}
-
-// fitIdle lowers the idle connection count to what the open-files limit
-// allows: extractedprism counts 4 descriptors per connection and keeps 256
-// in reserve; this process holds both the client and the upstream end.
-func (b *bench) fitIdle(nofile int) {
-	fit := min((nofile-256)/4-50, (nofile-200)/2)
-	if b.cfg.idleConns <= fit {
-		return
-	}
-	b.note = append(b.note, fmt.Sprintf("The idle scenario held %s connections, not the %s asked for: the open-files limit here is %s and cannot be raised (`ulimit -n 1048576` failed: the sandbox lacks CAP_SYS_RESOURCE), and extractedprism counts 4 descriptors per connection plus a reserve of 256. Per-connection figures do not depend on the count.",
-		fmtNum(float64(fit), 0), fmtNum(float64(b.cfg.idleConns), 0), fmtNum(float64(nofile), 0)))
-	log.Printf("open-files limit %d: idle connections lowered from %d to %d", nofile, b.cfg.idleConns, fit)
-	b.cfg.idleConns = fit
 }
 
 // waitQuiet waits, within -wait-quiet, for the load average to drop.
@@ -538,22 +539,6 @@ func firstLine(cmd *exec.Cmd) string {
 	return line
 }
 
-func (b *bench) targets() string {
-	var t table
-	t.head = []string{"Target", "Measured", "Met"}
-	for _, g := range b.tgts {
-		met := "no"
-		switch {
-		case !g.known:
-			met = "not measured"
-		case g.met:
-			met = "yes"
-		}
-		t.add(g.what, g.measured, met)
-	}
-	return "\n## Targets\n\n" + t.String()
-}
-
 func (b *bench) notes() string {
 	var s strings.Builder
 	s.WriteString("\n## Notes\n\n")
@@ -569,8 +554,8 @@ func (b *bench) notes() string {
 var staticNotes = []string{
 	"The upstreams are three in-process servers on 127.0.0.1 (echo; or a generator that sends a requested number of bytes and closes). They run on CPU 0 with the load generator, so the direct row measures client plus server on one CPU, and a proxy adds a second CPU to the pipeline: a proxied run can be faster than direct.",
 	"HAProxy: `mode tcp`, `nbthread 1`, `balance random`, `check inter 2s fall 2 rise 1`, `retries 3`, `option redispatch`, `timeout connect 1s`, global `maxconn` from the inherited descriptor limit (two per connection, at most 100,000); default buffers and no `option splice-*` (HAProxy splices only when told to). nginx: stream module, `worker_processes 1`, `random` balancing, `max_fails=2 fail_timeout=2s` (passive checks; nginx has no active ones), `proxy_next_upstream on`, `proxy_next_upstream_tries 3`, `proxy_connect_timeout 1s`, `worker_rlimit_nofile` the inherited limit. extractedprism: `--enable-discovery=false --health-interval 2s --health-timeout 1s`, random selection, built with plain `go build`; the same for baseline, built by `bench/run.sh --baseline REV` from revision REV in a temporary git worktree. Every proxy is a child process of the bench, under `taskset -c 1`, with its config in a temp dir.",
-	"gocopy is a reference, not a load balancer: the bench binary itself as the smallest Go TCP proxy (accept, dial the next upstream in turn, `io.Copy` each way, which splices TCP to TCP on Linux; no health checks, retries or limits), under the same `taskset`. It shows what Go's `net` package and runtime cost on this machine, which every Go proxy pays; it runs only in the connection-rate, request/response and bulk scenarios (its idle connections would each hold two splice pipes while waiting, more descriptors than the idle scenario allows).",
+	"gocopy is a reference, not a load balancer: the bench binary itself as the smallest Go TCP proxy (accept, dial the next upstream in turn, `io.Copy` each way, which splices TCP to TCP on Linux; no health checks, retries or limits), under the same `taskset`. It shows what Go's `net` package and runtime cost on this machine, which every Go proxy pays; it runs only in the connection-rate, request/response and bulk scenarios, as the others measure the health checks and limits it does not have.",
 	"Proxy CPU is utime+stime of the proxying process (nginx: its worker) from /proc/PID/stat before and after the run (10 ms resolution). GB is 10^9 bytes.",
-	"Idle memory is the VmRSS delta of the proxying process divided by the connections; the descriptor count is /proc/PID/fd before and after. Kernel memory is not in RSS: the kernel column is the delta of the machine's SUnreclaim (slab, where sockets and pipe rings live) per connection, so it includes the client's and the upstream's sockets, the same for every system.",
+	"Idle memory is the VmRSS delta of the proxying process divided by the connections; the descriptor count is /proc/PID/fd before and with the connections open, by kind from the links' targets (socket:, pipe:). Kernel memory is not in RSS: the kernel column is the delta of the machine's SUnreclaim (slab, where sockets and pipe rings live) per connection, so it includes the client's and the upstream's sockets, the same for every system.",
 	"Failover: workers start short connections (connect, 64 B echo, close) at a fixed pace; one of the three upstreams is killed mid-run (listener and connections closed, so new dials to it are refused). 'Failed new' counts connections started after the kill that failed; 'broken in flight' those started before it that failed (they were on the killed upstream). Recovery is the time from the kill to the end of the last new connection that failed or took over 100 ms; 0 when there was none.",
 }

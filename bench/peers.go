@@ -256,24 +256,55 @@ func (in *instance) stop() {
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
 }
 
-// scrapeMetrics fetches extractedprism's /metrics once.
-func (in *instance) scrapeMetrics() (int, error) {
+// metricsLimit bounds what metrics reads: /metrics is a few KiB.
+const metricsLimit = 16 << 20
+
+// metrics fetches extractedprism's /metrics once.
+func (in *instance) metrics() ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+in.healthAddr+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	n, err := io.Copy(io.Discard, resp.Body)
+	body, err := io.ReadAll(io.LimitReader(resp.Body, metricsLimit))
 	if resp.StatusCode != http.StatusOK {
-		return int(n), fmt.Errorf("/metrics: %s", resp.Status)
+		return body, fmt.Errorf("/metrics: %s", resp.Status)
 	}
-	return int(n), err
+	return body, err
+}
+
+// scrapeMetrics fetches extractedprism's /metrics once and returns its size.
+func (in *instance) scrapeMetrics() (int, error) {
+	body, err := in.metrics()
+	return len(body), err
+}
+
+// metric returns the value of the series name, one without labels, from
+// extractedprism's /metrics.
+func (in *instance) metric(name string) (float64, error) {
+	body, err := in.metrics()
+	if err != nil {
+		return 0, err
+	}
+	return metricValue(body, name)
+}
+
+// metricValue finds the series name, one without labels, in a Prometheus
+// text exposition.
+func metricValue(exposition []byte, name string) (float64, error) {
+	for line := range strings.SplitSeq(string(exposition), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == name {
+			return strconv.ParseFloat(f[1], 64)
+		}
+	}
+	return 0, fmt.Errorf("/metrics: no series %s", name)
 }
 
 // healthz returns the status code of extractedprism's /healthz, or 0.
@@ -292,15 +323,26 @@ func (in *instance) healthz(path string) int {
 	return resp.StatusCode
 }
 
+// haproxyMaxconn is HAProxy's maxconn under the inherited descriptor
+// limit nofile: as many as it allows at two descriptors a connection, so
+// the idle scenario fits.
+func haproxyMaxconn(nofile int) int {
+	return min(100000, (nofile-100)/2)
+}
+
+// nginxWorkerConns is nginx's worker_connections under the inherited
+// descriptor limit nofile; a proxied connection takes two.
+func nginxWorkerConns(nofile int) int {
+	return min(65536, nofile)
+}
+
 // haproxyConfig: mode tcp, one thread, health checks every 2 s with fall 2
 // rise 1, retries 3 with redispatch, random balancing like extractedprism.
 func haproxyConfig(addr string, ups []string, nofile int, o startOpts) string {
 	var b strings.Builder
 	b.WriteString("global\n    nbthread 1\n")
 	if o.nofile == 0 {
-		// As many as the inherited descriptor limit allows (two per
-		// connection), so the idle scenario fits.
-		fmt.Fprintf(&b, "    maxconn %d\n", min(100000, (nofile-100)/2))
+		fmt.Fprintf(&b, "    maxconn %d\n", haproxyMaxconn(nofile))
 	}
 	b.WriteString(`defaults
     mode tcp
@@ -328,7 +370,7 @@ func nginxConfig(dir, addr string, ups []string, nofile int, o startOpts) string
 	b.WriteString("load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n")
 	fmt.Fprintf(&b, "worker_processes 1;\npid %s/nginx.pid;\nerror_log %s/logs/error.log warn;\ndaemon off;\n", dir, dir)
 	if o.nofile == 0 {
-		fmt.Fprintf(&b, "worker_rlimit_nofile %d;\nevents { worker_connections %d; }\n", nofile, min(65536, nofile))
+		fmt.Fprintf(&b, "worker_rlimit_nofile %d;\nevents { worker_connections %d; }\n", nofile, nginxWorkerConns(nofile))
 	} else {
 		// Descriptors, not worker_connections, are the limit here.
 		b.WriteString("events { worker_connections 4096; }\n")

@@ -11,7 +11,8 @@
 #                                temporary git worktree, removed at exit) the
 #                                way this tree is built, and run it as the
 #                                system "baseline" beside extractedprism in
-#                                every scenario, interleaved
+#                                every scenario, interleaved; the targets
+#                                that name today's build compare with it
 #   bench/run.sh --wait-quiet 30m
 #                                first wait up to 30 min for the 1-minute load
 #                                average to drop below 1.5 (the report says

@@ -32,19 +32,6 @@ func rel(s samples, row, metric, suffix string) (toDirect, toHAProxy string) {
 	return ratio(v, s.med(sysDirect+suffix, metric)), ratio(v, s.med(sysHAProxy+suffix, metric))
 }
 
-func (b *bench) addTarget(what, measured string, met bool) {
-	b.tgts = append(b.tgts, target{what: what, measured: measured, met: met, known: true})
-}
-
-// reference returns what the gocopy reference measured, as a suffix for a
-// target's measured value, or "" when it did not run.
-func (b *bench) reference(measured string) string {
-	if !b.has(sysGoCopy) {
-		return ""
-	}
-	return "; Go reference (gocopy): " + measured
-}
-
 func (b *bench) has(system string) bool {
 	return slices.Contains(b.cfg.systems, system)
 }
@@ -91,10 +78,9 @@ func (b *bench) connRateScenario() error {
 			fmtNum(s.med(name, "p99"), 0), p99h, fmtNum(s.med(name, "cpu"), 1), cpuh, fmtNum(s.sum(name, "failed"), 0))
 	}
 	b.rep.WriteString(t.String())
-	if b.has(sysEP) && b.has(sysHAProxy) {
-		ep, hp := s.med(sysEP, "rate"), s.med(sysHAProxy, "rate")
-		b.addTarget("Connection rate ≥ HAProxy", fmt.Sprintf("%s vs %s conn/s (%s)%s", fmtNum(ep, 0), fmtNum(hp, 0), ratio(ep, hp),
-			b.reference(fmt.Sprintf("%s conn/s (%s)", fmtNum(s.med(sysGoCopy, "rate"), 0), ratio(s.med(sysGoCopy, "rate"), hp)))), ep >= hp)
+	if b.compares(tgtConnRate, sysEP, sysBaseline) {
+		ep, base := s.med(sysEP, "rate"), s.med(sysBaseline, "rate")
+		b.setTargetf(tgtConnRate, ep >= minConnRateRatio*base, "%s vs %s conn/s (%s)", fmtNum(ep, 0), fmtNum(base, 0), ratio(ep, base))
 	}
 	return nil
 }
@@ -145,15 +131,15 @@ func (b *bench) reqRespScenario() error {
 		}
 	}
 	b.rep.WriteString(t.String())
-	if b.has(sysEP) && b.has(sysHAProxy) {
+	if b.compares(tgtReqResp, sysEP, sysBaseline) {
+		met, parts := true, []string{}
 		for _, conns := range connCounts {
 			suffix := fmt.Sprintf("/%d", conns)
-			for _, m := range []string{"p50", "p99"} {
-				ep, hp := s.med(sysEP+suffix, m), s.med(sysHAProxy+suffix, m)
-				b.addTarget(fmt.Sprintf("Request/response %s within 10%% of HAProxy, %d conn", m, conns),
-					fmt.Sprintf("%s vs %s µs (%s)", fmtNum(ep, 0), fmtNum(hp, 0), ratio(ep, hp)), ep <= 1.1*hp)
-			}
+			ep, base := s.med(sysEP+suffix, "p99"), s.med(sysBaseline+suffix, "p99")
+			met = met && ep <= maxP99Ratio*base
+			parts = append(parts, fmt.Sprintf("%s: %s vs %s µs (%s)", plural(conns, "connection"), fmtNum(ep, 0), fmtNum(base, 0), ratio(ep, base)))
 		}
+		b.setTargetf(tgtReqResp, met, "%s", strings.Join(parts, "; "))
 	}
 	return nil
 }
@@ -196,17 +182,21 @@ func (b *bench) bulkScenario() error {
 		}
 	}
 	b.rep.WriteString(t.String())
-	if b.has(sysEP) && b.has(sysHAProxy) {
+	// Both calls, so that each row says what is missing.
+	if rateOK, cpuOK := b.compares(tgtBulkRate, sysEP, sysHAProxy), b.compares(tgtBulkCPU, sysEP, sysHAProxy); rateOK && cpuOK {
+		rateMet, cpuMet := true, true
+		var rates, cpus []string
 		for _, streams := range streamCounts {
 			suffix := fmt.Sprintf("/%d", streams)
 			ep, hp := s.med(sysEP+suffix, "gbps"), s.med(sysHAProxy+suffix, "gbps")
-			b.addTarget(fmt.Sprintf("Bulk throughput ≥ HAProxy, %d stream(s)", streams),
-				fmt.Sprintf("%s vs %s GB/s (%s)", fmtNum(ep, 2), fmtNum(hp, 2), ratio(ep, hp)), ep >= hp)
-			c := s.med(sysEP+suffix, "cpugb")
-			b.addTarget(fmt.Sprintf("Bulk ≤ 0.2 proxy CPU-s/GB, %d stream(s)", streams),
-				fmt.Sprintf("%s CPU-s/GB (HAProxy %s)%s", fmtNum(c, 3), fmtNum(s.med(sysHAProxy+suffix, "cpugb"), 3),
-					b.reference(fmtNum(s.med(sysGoCopy+suffix, "cpugb"), 3)+" CPU-s/GB")), c <= 0.2)
+			rateMet = rateMet && ep >= hp
+			rates = append(rates, fmt.Sprintf("%s: %s vs %s GB/s (%s)", plural(streams, "stream"), fmtNum(ep, 2), fmtNum(hp, 2), ratio(ep, hp)))
+			ec, hc := s.med(sysEP+suffix, "cpugb"), s.med(sysHAProxy+suffix, "cpugb")
+			cpuMet = cpuMet && ec <= maxBulkCPURatio*hc
+			cpus = append(cpus, fmt.Sprintf("%s: %s vs %s CPU-s/GB (%s)", plural(streams, "stream"), fmtNum(ec, 3), fmtNum(hc, 3), ratio(ec, hc)))
 		}
+		b.setTargetf(tgtBulkRate, rateMet, "%s", strings.Join(rates, "; "))
+		b.setTargetf(tgtBulkCPU, cpuMet, "%s", strings.Join(cpus, "; "))
 	}
 	return nil
 }
@@ -214,17 +204,42 @@ func (b *bench) bulkScenario() error {
 // straceSyscalls are the data-path calls counted under strace.
 var straceSyscalls = []string{"splice", "read", "write", "recvfrom", "sendto", "readv", "writev"}
 
+// straceRow is what strace counted during one proxy's download.
+type straceRow struct {
+	name  string
+	bytes int64             // downloaded under strace
+	calls map[string][2]int // calls, errors
+}
+
+// spliced returns the successful splice calls and the bytes each moved
+// on average. Each byte is spliced twice: socket → pipe, pipe → socket.
+func (r straceRow) spliced() (calls int, perCall float64) {
+	calls = r.calls["splice"][0] - r.calls["splice"][1]
+	if calls <= 0 {
+		return 0, math.NaN()
+	}
+	return calls, float64(2*r.bytes) / float64(calls)
+}
+
+// otherCalls is the successful data-path calls other than splice.
+func (r straceRow) otherCalls() int {
+	n := 0
+	for _, sc := range straceSyscalls {
+		if sc != "splice" {
+			n += r.calls[sc][0] - r.calls[sc][1]
+		}
+	}
+	return n
+}
+
 // Splice check: one bulk download per proxy under strace -f -c.
 func (b *bench) straceScenario() error {
 	if !installed("strace") {
 		b.note = append(b.note, "strace is not installed: the splice check did not run.")
+		b.tgts[tgtSplice] = target{measured: "strace is not installed"}
 		return nil
 	}
-	type row struct {
-		name  string
-		calls map[string][2]int // calls, errors
-	}
-	var rows []row
+	var rows []straceRow
 	for _, name := range b.proxies() {
 		in, err := b.start(name, startOpts{})
 		if err != nil {
@@ -242,7 +257,7 @@ func (b *bench) straceScenario() error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		log.Printf("  strace   %-14s %v", name, calls)
-		rows = append(rows, row{name, calls})
+		rows = append(rows, straceRow{name, n, calls})
 	}
 	b.section("Splice check (strace)",
 		fmt.Sprintf("One download through each proxy (%s through the extractedprism builds, %s through the others) with `strace -f -c -e trace=%s -p PID` attached to the proxying process. Calls (errors, mostly EAGAIN, in parentheses). strace slows the proxy; this run only counts calls.",
@@ -260,24 +275,29 @@ func (b *bench) straceScenario() error {
 			}
 			cells = append(cells, cell)
 		}
-		per := "–"
-		if ok := r.calls["splice"][0] - r.calls["splice"][1]; ok > 0 {
-			// Each byte is spliced twice: socket → pipe, pipe → socket.
-			per = fmtNum(float64(2*b.cfg.straceBytes)/float64(ok), 0)
-		}
-		t.add(append(cells, per)...)
-		if r.name == sysEP {
-			c := r.calls
-			verdict := "splice is in effect"
-			if c["splice"][0] == 0 || c["read"][0]+c["write"][0] > c["splice"][0] {
-				verdict = "splice is NOT in effect"
-			}
-			b.note = append(b.note, fmt.Sprintf("Splice check: during a %s download extractedprism made %s splice calls and %s read / %s write calls: %s (the remaining reads and writes are the runtime's and the health checks').",
-				mib(b.cfg.straceBytes), fmtNum(float64(c["splice"][0]), 0), fmtNum(float64(c["read"][0]), 0), fmtNum(float64(c["write"][0]), 0), verdict))
-		}
+		_, per := r.spliced()
+		t.add(append(cells, fmtNum(per, 0))...)
 	}
 	b.rep.WriteString(t.String())
+	if b.compares(tgtSplice, sysEP) {
+		for _, r := range rows {
+			if r.name == sysEP {
+				b.spliceTarget(r)
+			}
+		}
+	}
 	return nil
+}
+
+// spliceTarget records whether splice carried extractedprism's download:
+// a copy through a user-space buffer would need thousands of reads and
+// writes for it, splice a few hundred calls and no reads.
+func (b *bench) spliceTarget(r straceRow) {
+	calls, per := r.spliced()
+	other := r.otherCalls()
+	b.setTargetf(tgtSplice, calls > 0 && other < calls,
+		"%s successful splice calls, %s bytes per call, during a %s download; %s successful reads and writes of other kinds (the runtime's and the health checks')",
+		fmtNum(float64(calls), 0), fmtNum(per, 0), mib(r.bytes), fmtNum(float64(other), 0))
 }
 
 func (b *bench) straceBulk(in *instance, n int64) (map[string][2]int, error) {
@@ -346,125 +366,6 @@ func parseStraceSummary(path string) (map[string][2]int, error) {
 	return calls, sc.Err()
 }
 
-// 4. Idle connections.
-//
-// Each run holds the connections twice: the second wave shows whether what
-// the proxy kept after the first was reused or is lost.
-func (b *bench) idleScenario() error {
-	n := b.cfg.idleConns
-	s := samples{}
-	kindsSeen := map[string]string{}
-	err := b.interleave(b.proxies(), b.cfg.slowReps, startOpts{}, func(in *instance, rep int) error {
-		time.Sleep(500 * time.Millisecond)
-		rss0, fd0, kinds0, mem0 := rssKiB(in.pid), fdCount(in.pid), fdKinds(in.pid), kernelKiB()
-		first, err := b.idleWave(in, n, kinds0)
-		if err != nil {
-			return err
-		}
-		second, err := b.idleWave(in, n, kinds0)
-		if err != nil {
-			return err
-		}
-		fd2 := fdCount(in.pid)
-		perConn := float64(first.held-rss0) / float64(n)
-		returned := 100 * float64(first.held-first.after) / float64(max(first.held-rss0, 1))
-		kept := 100 * float64(second.after-first.after) / float64(max(first.held-rss0, 1))
-		log.Printf("  idle     %-14s rep %d: RSS %d → %d → %d KiB, again → %d → %d KiB (%.2f KiB/conn, %.0f%% returned, second wave kept %.1f%% more), fds %d → %d → %d, kinds %v → %v, kernel %.2f KiB/conn, closed in %s and %s",
-			in.name, rep, rss0, first.held, first.after, second.held, second.after, perConn, returned, kept, fd0, first.fds, fd2, kinds0, first.kinds, float64(first.kernel-mem0)/float64(n), first.closeTook, second.closeTook)
-		s.add(in.name, "rss0", float64(rss0)/1024)
-		s.add(in.name, "rss1", float64(first.held)/1024)
-		s.add(in.name, "perconn", perConn)
-		s.add(in.name, "fdper", float64(first.fds-fd0)/float64(n))
-		s.add(in.name, "sockper", float64(first.kinds["socket"]-kinds0["socket"])/float64(n))
-		s.add(in.name, "pipeper", float64(first.kinds["pipe"]-kinds0["pipe"])/float64(n))
-		s.add(in.name, "rss2", float64(first.after)/1024)
-		s.add(in.name, "returned", returned)
-		s.add(in.name, "rss3", float64(second.held)/1024)
-		s.add(in.name, "rss4", float64(second.after)/1024)
-		s.add(in.name, "kept", kept)
-		s.add(in.name, "fd2", float64(fd2-fd0))
-		s.add(in.name, "machine", float64(first.kernel-mem0)/float64(n))
-		kindsSeen[in.name] = fmt.Sprintf("%v → %v", kinds0, first.kinds)
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	b.idleReport(s, n, kindsSeen)
-	return nil
-}
-
-// wave is one wave of the idle scenario's run.
-type wave struct {
-	held, after int64 // proxy RSS in KiB with the connections held and settled after they closed
-	fds         int   // proxy descriptors while held
-	kinds       map[string]int
-	kernel      int64 // machine's kernel memory in KiB while held
-	closeTook   time.Duration
-}
-
-// idleWave opens n idle connections through in, holds them for a second,
-// closes them and waits for the proxy to close its sockets (kinds0 is the
-// proxy's descriptor count by kind before) and then b.cfg.settle.
-func (b *bench) idleWave(in *instance, n int, kinds0 map[string]int) (wave, error) {
-	conns, failed, firstErr := openIdle(in, n, 64, 5*time.Second)
-	if failed > 0 {
-		closeAll(conns)
-		return wave{}, fmt.Errorf("%d of %d idle connections failed: %s", failed, n, firstErr)
-	}
-	time.Sleep(time.Second)
-	w := wave{held: rssKiB(in.pid), fds: fdCount(in.pid), kinds: fdKinds(in.pid), kernel: kernelKiB()}
-	closeAll(conns)
-	start := time.Now()
-	for fdKinds(in.pid)["socket"] > kinds0["socket"]+8 && time.Since(start) < 20*time.Second {
-		time.Sleep(100 * time.Millisecond)
-	}
-	w.closeTook = time.Since(start).Round(10 * time.Millisecond)
-	time.Sleep(b.cfg.settle)
-	w.after = rssKiB(in.pid)
-	return w, nil
-}
-
-// idleReport writes the idle scenario's table, targets and notes.
-func (b *bench) idleReport(s samples, n int, kindsSeen map[string]string) {
-	b.section("4. Idle connections",
-		fmt.Sprintf("%s connections opened through the proxy (each proven by a 1 B echo) and held idle, then closed; then the same again in the same process. RSS of the proxying process before, with the connections open, and %s after they closed. \"Growth returned\" is the share of the first wave's growth gone %s after it closed; \"second wave kept\" is how much higher RSS stays after the second wave than after the first, as a share of the first wave's growth: near 0 when what was kept is reused rather than lost.",
-			fmtNum(float64(n), 0), b.cfg.settle, b.cfg.settle))
-	var t table
-	t.head = []string{colSystem, "RSS before MiB", "RSS held MiB", "KiB/conn", colToHAProxy, "fds/conn (sockets + pipes)", "RSS after close MiB", "growth returned", "second wave: held / after close MiB", "second wave kept", "fds left after close", "kernel KiB/conn (machine)"}
-	for _, name := range b.proxies() {
-		_, h := rel(s, name, "perconn", "")
-		t.add(name, fmtNum(s.med(name, "rss0"), 1), fmtNum(s.med(name, "rss1"), 1), fmtNum(s.med(name, "perconn"), 2), h,
-			fmt.Sprintf("%s (%s + %s)", fmtNum(s.med(name, "fdper"), 2), fmtNum(s.med(name, "sockper"), 2), fmtNum(s.med(name, "pipeper"), 2)),
-			fmtNum(s.med(name, "rss2"), 1), fmtNum(s.med(name, "returned"), 0)+" %",
-			fmtNum(s.med(name, "rss3"), 1)+" / "+fmtNum(s.med(name, "rss4"), 1), fmtNum(s.med(name, "kept"), 1)+" %",
-			fmtNum(s.med(name, "fd2"), 0), fmtNum(s.med(name, "machine"), 1))
-	}
-	b.rep.WriteString(t.String())
-	if b.has(sysEP) {
-		b.idleTargets(s, kindsSeen)
-	}
-}
-
-// idleTargets records extractedprism's idle-connection targets and notes.
-func (b *bench) idleTargets(s samples, kindsSeen map[string]string) {
-	pc, ret, kept := s.med(sysEP, "perconn"), s.med(sysEP, "returned"), s.med(sysEP, "kept")
-	b.addTarget("≤ 10 KiB proxy memory per idle connection", fmtNum(pc, 2)+" KiB/conn", pc <= 10)
-	b.addTarget("Memory returned after close (≥ 75 % of the growth)", fmt.Sprintf("%s %% returned after %s", fmtNum(ret, 0), b.cfg.settle), ret >= 75)
-	b.addTarget("What is kept after close is reused (second wave keeps ≤ 5 % more)", fmtNum(kept, 1)+" % more", kept <= 5)
-	fdper, pipes := s.med(sysEP, "fdper"), s.med(sysEP, "pipeper")
-	verdict := "confirmed"
-	if math.Abs(fdper-2) > 0.1 {
-		verdict = "NOT confirmed"
-	}
-	b.note = append(b.note, fmt.Sprintf("Descriptors: extractedprism holds %s descriptors per idle connection (%s sockets, %s pipe ends), so the claim that an idle connection holds only its two sockets (splice pipes are borrowed while bytes move) is %s. Descriptor kinds before → during: %s. HAProxy and nginx hold 2 (the two sockets).",
-		fmtNum(fdper, 2), fmtNum(s.med(sysEP, "sockper"), 2), fmtNum(pipes, 2), verdict, kindsSeen[sysEP]))
-	if left := s.med(sysEP, "fd2"); left > 100 {
-		b.note = append(b.note, fmt.Sprintf("After the idle connections closed, extractedprism still held %s more descriptors than before, for %s.",
-			fmtNum(left, 0), b.cfg.settle))
-	}
-}
-
 // 5. Footprint.
 func (b *bench) footprintScenario() error {
 	s := samples{}
@@ -498,7 +399,7 @@ func (b *bench) footprintScenario() error {
 		return err
 	}
 	b.section("5. Footprint",
-		"Idle proxy with three healthy upstreams after two health-check rounds; extractedprism's /metrics scraped three times before RSS is read.")
+		"Idle proxy with three healthy upstreams after two health-check rounds; each extractedprism build's /metrics scraped three times before RSS is read.")
 	var t table
 	t.head = []string{colSystem, "processes", "RSS MiB (proxying process)", "RSS MiB (all processes)", "fds"}
 	for _, name := range b.proxies() {
@@ -508,18 +409,17 @@ func (b *bench) footprintScenario() error {
 	b.rep.WriteString("\n")
 	var bt table
 	bt.head = []string{"Binary", "bytes", "MB (10^6)", "MiB"}
-	sizeRow := func(label, path string) int64 {
-		st, err := os.Stat(path)
-		if err != nil {
-			return -1
+	sizeRow := func(label, path string) {
+		if st, err := os.Stat(path); err == nil {
+			bt.add(label, fmtNum(float64(st.Size()), 0), fmtNum(float64(st.Size())/1e6, 1), fmtNum(float64(st.Size())/(1<<20), 1))
 		}
-		bt.add(label, fmtNum(float64(st.Size()), 0), fmtNum(float64(st.Size())/1e6, 1), fmtNum(float64(st.Size())/(1<<20), 1))
-		return st.Size()
 	}
 	sizeRow("extractedprism (`go build`)", b.cfg.epBin)
-	stripped := int64(-1)
 	if b.cfg.epStripped != "" {
-		stripped = sizeRow("extractedprism (`go build -ldflags='-s -w'`)", b.cfg.epStripped)
+		sizeRow("extractedprism (`go build -ldflags='-s -w'`)", b.cfg.epStripped)
+	}
+	for _, name := range b.cfg.altNames {
+		sizeRow(name+" (-ep-alt build)", b.cfg.alt[name])
 	}
 	if p, err := exec.LookPath("haproxy"); err == nil {
 		sizeRow("haproxy (Debian, dynamically linked)", p)
@@ -529,12 +429,9 @@ func (b *bench) footprintScenario() error {
 		sizeRow("nginx stream module", "/usr/lib/nginx/modules/ngx_stream_module.so")
 	}
 	b.rep.WriteString(bt.String())
-	if b.has(sysEP) {
-		r := s.med(sysEP, "rss")
-		b.addTarget("Idle RSS ≤ 20 MiB", fmtNum(r, 1)+" MiB", r <= 20)
-		if stripped > 0 {
-			b.addTarget("Stripped binary ≤ 25 MB", fmt.Sprintf("%s MB (%s MiB)", fmtNum(float64(stripped)/1e6, 1), fmtNum(float64(stripped)/(1<<20), 1)), float64(stripped) <= 25e6)
-		}
+	if b.compares(tgtIdleRSS, sysEP) {
+		b.setTargetf(tgtIdleRSS, s.med(sysEP, "rss") <= maxIdleRSSMiB, "%s (no client connection open, after two health-check rounds and three /metrics scrapes)",
+			b.perBuild(func(sys string) string { return fmtNum(s.med(sys, "rss"), 1) + " MiB" }))
 	}
 	return nil
 }
@@ -586,10 +483,6 @@ func (b *bench) failoverScenario() error {
 			fmtNum(s.med(name, "max"), 1), fmtNum(s.med(name, "broken"), 0), rec, fmtNum(s.med(name, "p99before"), 2))
 	}
 	b.rep.WriteString(t.String())
-	if b.has(sysEP) {
-		f := s.sum(sysEP, "failed")
-		b.addTarget("Failover kill: zero failed new connections", fmt.Sprintf("%s failed over %d runs", fmtNum(f, 0), b.cfg.slowReps), f == 0)
-	}
 	return nil
 }
 
@@ -636,45 +529,30 @@ func tallyFailover(recs []connRecord, killTime time.Time, slow time.Duration) fa
 }
 
 // Descriptor limit.
+const (
+	fdLimitNofile = 512 // the proxies' open-files limit
+	fdLimitOver   = 600 // clients held at once, more than fit
+	fdLimitFresh  = 20  // new clients after the release
+)
+
+// fdLimitResult is one proxy's run of the descriptor-limit scenario.
+type fdLimitResult struct {
+	name                      string
+	held, served, servedAgain int
+	fds                       int    // the proxy's descriptors while the clients were held
+	limit                     string // an extractedprism build's connection_limit; "–" for the others
+	health                    string
+	firstOK                   time.Duration // from the release to the first new echo; -1 for never
+	freshOK                   int
+	alive, pass               bool
+}
+
 func (b *bench) fdLimitScenario() error {
-	const (
-		nofile = 512
-		over   = 600
-		fresh  = 20
-	)
-	type result struct {
-		name                      string
-		held, served, servedAgain int
-		health                    string
-		firstOK                   time.Duration
-		freshOK                   int
-		alive, pass               bool
-	}
-	var results []result
-	err := b.interleave(b.proxies(), 1, startOpts{nofile: nofile}, func(in *instance, rep int) error {
-		r := result{name: in.name, health: "–"}
-		conns, served := holdOver(in, over)
-		r.held = len(conns)
-		r.served = len(served)
-		r.servedAgain = echoAll(served, 3*time.Second)
-		if b.env.isEP(in.name) {
-			r.health = fmt.Sprintf("/healthz %d, /readyz %d", in.healthz("/healthz"), in.healthz("/readyz"))
-		}
-		closeAll(conns)
-		released := time.Now()
-		r.firstOK = -1
-		for time.Since(released) < 15*time.Second {
-			if err := echoOnce(in.addr, 64, time.Second); err == nil {
-				r.firstOK = time.Since(released)
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		r.freshOK = freshConns(in, fresh, 5*time.Second)
-		r.alive = in.alive()
-		r.pass = r.alive && r.served > 0 && r.servedAgain == r.served && r.firstOK >= 0 && r.freshOK == fresh
-		log.Printf("  fdlimit  %-14s: held %d, served %d, still served %d, %s, first new OK after %s, fresh %d/%d, alive %v: pass %v",
-			in.name, r.held, r.served, r.servedAgain, r.health, r.firstOK.Round(time.Millisecond), r.freshOK, fresh, r.alive, r.pass)
+	var results []fdLimitResult
+	err := b.interleave(b.proxies(), 1, startOpts{nofile: fdLimitNofile}, func(in *instance, rep int) error {
+		r := b.fdLimitRun(in)
+		log.Printf("  fdlimit  %-14s: held %d, served %d, still served %d, %d descriptors, connection limit %s, %s, first new OK after %s, fresh %d/%d, alive %v: pass %v",
+			in.name, r.held, r.served, r.servedAgain, r.fds, r.limit, r.health, r.firstOK.Round(time.Millisecond), r.freshOK, fdLimitFresh, r.alive, r.pass)
 		results = append(results, r)
 		return nil
 	})
@@ -682,27 +560,88 @@ func (b *bench) fdLimitScenario() error {
 		return err
 	}
 	b.section("Descriptor limit",
-		fmt.Sprintf("Each proxy starts under `ulimit -n %d` (HAProxy without `maxconn` and nginx without `worker_rlimit_nofile`, so both derive their limits from it). %d clients connect and each tries a 64 B echo within 1 s while all stay open; the served ones echo again; then all close, and %d new clients must each get an echo within 5 s. Pass: still alive, everything it accepted still served, and all new clients served.",
-			nofile, over, fresh))
+		fmt.Sprintf("Each proxy starts under `ulimit -n %d` (HAProxy without `maxconn` and nginx without `worker_rlimit_nofile`, so both derive their limits from it). %d clients connect and each tries a 64 B echo within 1 s while all stay open; the served ones echo again; then all close, and %d new clients must each get an echo within 5 s. Descriptors are the proxy's own, from /proc/PID/fd, while all %d are connected. Pass: still alive, everything it accepted still served, and all new clients served.",
+			fdLimitNofile, fdLimitOver, fdLimitFresh, fdLimitOver))
 	var t table
-	t.head = []string{colSystem, "connected", "served while over the limit", "still served", "health endpoints", "first new echo after release", "new clients served", "pass"}
+	t.head = []string{colSystem, "connected", "served while over the limit", "still served", "descriptors held", "connection limit", "health endpoints", "first new echo after release", "new clients served", "pass"}
 	for _, r := range results {
 		first := "never (15 s)"
 		if r.firstOK >= 0 {
 			first = r.firstOK.Round(time.Millisecond).String()
 		}
-		pass := "FAIL"
-		if r.pass {
-			pass = "pass"
-		}
-		t.add(r.name, strconv.Itoa(r.held), strconv.Itoa(r.served), strconv.Itoa(r.servedAgain), r.health, first, fmt.Sprintf("%d/%d", r.freshOK, fresh), pass)
-		if r.name == sysEP {
-			b.addTarget("At the descriptor limit: keeps serving, accepts again when descriptors free up",
-				fmt.Sprintf("served %d, still served %d, new clients %d/%d", r.served, r.servedAgain, r.freshOK, fresh), r.pass)
-		}
+		t.add(r.name, strconv.Itoa(r.held), strconv.Itoa(r.served), strconv.Itoa(r.servedAgain), fmt.Sprintf("%d of %d", r.fds, fdLimitNofile),
+			r.limit, r.health, first, fmt.Sprintf("%d/%d", r.freshOK, fdLimitFresh), passFail(r.pass))
 	}
 	b.rep.WriteString(t.String())
+	b.fdLimitTarget(results)
 	return nil
+}
+
+// fdLimitRun holds more clients than in's descriptors allow, checks that
+// those it served are still served, releases them and checks new ones.
+func (b *bench) fdLimitRun(in *instance) fdLimitResult {
+	r := fdLimitResult{name: in.name, limit: "–", health: "–"}
+	if b.env.isEP(in.name) {
+		if v, err := in.metric("extractedprism_connection_limit"); err == nil {
+			r.limit = fmtNum(v, 0)
+		}
+	}
+	conns, served := holdOver(in, fdLimitOver)
+	r.held = len(conns)
+	r.served = len(served)
+	r.servedAgain = echoAll(served, 3*time.Second)
+	r.fds = fdCount(in.pid)
+	if b.env.isEP(in.name) {
+		r.health = fmt.Sprintf("/healthz %d, /readyz %d", in.healthz("/healthz"), in.healthz("/readyz"))
+	}
+	closeAll(conns)
+	released := time.Now()
+	r.firstOK = -1
+	for time.Since(released) < 15*time.Second {
+		if err := echoOnce(in.addr, 64, time.Second); err == nil {
+			r.firstOK = time.Since(released)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.freshOK = freshConns(in, fdLimitFresh, 5*time.Second)
+	r.alive = in.alive()
+	r.pass = r.alive && r.served > 0 && r.servedAgain == r.served && r.firstOK >= 0 && r.freshOK == fdLimitFresh
+	return r
+}
+
+// fdLimitTarget records extractedprism's run as the descriptor-limit
+// target, with today's build's verdict beside it.
+func (b *bench) fdLimitTarget(results []fdLimitResult) {
+	if !b.compares(tgtFDLimit, sysEP) {
+		return
+	}
+	var ep, base *fdLimitResult
+	for i := range results {
+		switch results[i].name {
+		case sysEP:
+			ep = &results[i]
+		case sysBaseline:
+			base = &results[i]
+		}
+	}
+	if ep == nil {
+		return
+	}
+	measured := fmt.Sprintf("under `ulimit -n %d`: %s: served %d of %d clients (connection limit %s, %d descriptors), %d still served; new clients %d/%d after the release",
+		fdLimitNofile, passFail(ep.pass), ep.served, ep.held, ep.limit, ep.fds, ep.servedAgain, ep.freshOK, fdLimitFresh)
+	if base != nil {
+		measured += fmt.Sprintf(" (%s: %s, served %d)", sysBaseline, passFail(base.pass), base.served)
+	}
+	b.setTargetf(tgtFDLimit, ep.pass, "%s", measured)
+}
+
+// passFail is the table cell for a pass.
+func passFail(pass bool) string {
+	if pass {
+		return "pass"
+	}
+	return "FAIL"
 }
 
 // holdOver opens n connections at once and tries one echo on each within
