@@ -383,10 +383,7 @@ func TestSweepSettingsSurviveAnEarlyProbe(t *testing.T) {
 	restore := dropPort(t, up.ln.Addr().(*net.TCPAddr).Port)
 	defer restore()
 	start := time.Now()
-	tc := c.(*net.TCPConn)
-	sweepSettings.setProbing(tc)
-	time.Sleep(100 * time.Millisecond)
-	sweepSettings.setIdle(tc)
+	setSweep(c, true)
 	_ = c.SetReadDeadline(start.Add(10 * time.Second))
 	_, err = c.Read(make([]byte, 1))
 	took := time.Since(start)
@@ -478,9 +475,8 @@ func TestIPv6UpstreamOnIPv4OnlyHost(t *testing.T) {
 		t.Errorf("check error %v: taken for local exhaustion; want the upstream's failure", res.err)
 	}
 
-	p := &proxy{dialTimeout: 5 * time.Second, dial: (&net.Dialer{}).DialContext}
 	start := time.Now()
-	_, err := p.dialPatiently(t.Context(), v6)
+	_, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(t.Context(), "tcp", v6)
 	if took := time.Since(start); took > time.Second || err == nil || isLocalExhaustion(err) {
 		t.Errorf("client dial of %s: got %v after %v; want the upstream's failure at once", v6, err, took)
 	}

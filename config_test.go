@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -556,9 +557,10 @@ func TestParseConfigHelp(t *testing.T) {
 					t.Errorf("usage: got no line for --%s with (%s); want one", name, envName(name))
 				}
 			}
-			newFlagSet(&config{}).VisitAll(func(f *flag.Flag) {
+			fs, _ := newFlagSet(&config{})
+			fs.VisitAll(func(f *flag.Flag) {
 				_, description := flag.UnquoteUsage(f)
-				if !hasUsageLine(lines, f.Name, "("+envName(f.Name)+") "+description) {
+				if f.Name != versionFlag && !hasUsageLine(lines, f.Name, "("+envName(f.Name)+") "+description) {
 					t.Errorf("usage: got no line for --%s with its variable and description; want one", f.Name)
 				}
 			})
@@ -595,7 +597,7 @@ func TestParseConfigVersion(t *testing.T) {
 	if !errors.Is(err, errVersionShown) {
 		t.Fatalf("got %v; want %v", err, errVersionShown)
 	}
-	if want := "extractedprism v1.2.3 (revision abc1234)\n"; out.String() != want {
+	if want := "extractedprism v1.2.3 (revision abc1234, " + runtime.Version() + ")\n"; out.String() != want {
 		t.Errorf("got %q; want %q", out.String(), want)
 	}
 }
@@ -715,8 +717,8 @@ func TestParseConfigMalformedFlag(t *testing.T) {
 		{"--health-port=99999999999999999999", `--health-port (EP_HEALTH_PORT): invalid port "99999999999999999999"`},
 		{"--enable-discovery=maybe", `--enable-discovery (EP_ENABLE_DISCOVERY): invalid boolean "maybe"`},
 		{`--health-timeout=say "1s"`, `--health-timeout (EP_HEALTH_TIMEOUT): invalid duration "say \"1s\""`},
-		{"--no-such-flag", "unknown flag --no-such-flag (--help lists the flags)"},
-		{"-no-such-flag=1", "unknown flag --no-such-flag (--help lists the flags)"},
+		{"--no-such-flag", "flag provided but not defined: -no-such-flag (--help lists the flags)"},
+		{"-no-such-flag=1", "flag provided but not defined: -no-such-flag (--help lists the flags)"},
 	}
 	for _, tt := range tests {
 		_, err := parseConfig([]string{"--endpoints=" + testEndpoint, tt.arg}, envOf(nil), io.Discard)
@@ -784,7 +786,7 @@ func TestParseConfigReportsEveryBadValue(t *testing.T) {
 	// of the line, unread, may set their flags.
 	args = []string{"--bind-port=seven", "--no-such-flag", "--health-interval=abc"}
 	_, err = parseConfig(args, envOf(map[string]string{"EP_HEALTH_PORT": "x"}), io.Discard)
-	want = `--bind-port (EP_BIND_PORT): invalid port "seven"` + "\n" + "unknown flag --no-such-flag (--help lists the flags)"
+	want = `--bind-port (EP_BIND_PORT): invalid port "seven"` + "\n" + "flag provided but not defined: -no-such-flag (--help lists the flags)"
 	if err == nil || err.Error() != want {
 		t.Errorf("got %v; want\n%s", err, want)
 	}

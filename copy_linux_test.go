@@ -6,11 +6,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"errors"
 	"io"
 	"net"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -38,72 +36,6 @@ func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 	return a.(*net.TCPConn), b.(*net.TCPConn)
 }
 
-// TestStreamCopyWriteWaitsForRoom checks the raw write of a small burst:
-// while the destination's buffers are full it waits under the poller, and
-// it writes everything, in order, once the peer reads.
-func TestStreamCopyWriteWaitsForRoom(t *testing.T) {
-	src, _ := tcpPair(t)
-	dst, peer := tcpPair(t)
-	if err := dst.SetWriteBuffer(64 << 10); err != nil {
-		t.Fatal(err)
-	}
-	if err := peer.SetReadBuffer(64 << 10); err != nil {
-		t.Fatal(err)
-	}
-	c, err := newStreamCopy(dst, src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	payload := make([]byte, 1<<20) // far more than both buffers hold
-	_, _ = rand.Read(payload)
-	done := make(chan error, 1)
-	go func() { done <- c.write(payload) }()
-	select {
-	case err := <-done:
-		t.Fatalf("write returned %v before the peer read anything", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	got := make([]byte, len(payload))
-	if _, err := io.ReadFull(peer, got); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("write: %v", err)
-	}
-	if !bytes.Equal(got, payload) {
-		t.Fatal("the peer read other bytes than were written")
-	}
-}
-
-// TestStreamCopyWriteToResetPeer checks that writing to a peer that reset
-// the connection is an error (MSG_NOSIGNAL: no SIGPIPE), not a hang.
-func TestStreamCopyWriteToResetPeer(t *testing.T) {
-	src, _ := tcpPair(t)
-	dst, peer := tcpPair(t)
-	c, err := newStreamCopy(dst, src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := peer.SetLinger(0); err != nil { // Close sends a reset
-		t.Fatal(err)
-	}
-	peer.Close()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := c.write([]byte("after the reset"))
-		if err != nil {
-			if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
-				t.Fatalf("write: %v; want ECONNRESET or EPIPE", err)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("writes to a reset peer still succeed after 5s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // sendUrgent sends b as TCP urgent data (MSG_OOB) on c.
 func sendUrgent(t *testing.T, c *net.TCPConn, b byte) {
 	t.Helper()
@@ -117,52 +49,6 @@ func sendUrgent(t *testing.T, c *net.TCPConn, b byte) {
 	}
 	if serr != nil {
 		t.Fatal(serr)
-	}
-}
-
-// TestQueuedNowAtUrgentMark checks that queuedNow counts up to TCP urgent
-// data and then says so, at once: SIOCINQ stops at the urgent byte while a
-// peek skips it, and taking that for a race looped forever.
-func TestQueuedNowAtUrgentMark(t *testing.T) {
-	a, b := tcpPair(t)
-	if _, err := a.Write([]byte("ab")); err != nil {
-		t.Fatal(err)
-	}
-	sendUrgent(t, a, 'X')
-	if _, err := a.Write([]byte("cd")); err != nil {
-		t.Fatal(err)
-	}
-	rc, err := b.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	queued := func(countFirst bool) (n int, err error) {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			_ = rc.Control(func(fd uintptr) { n, err = queuedNow(int(fd), make([]byte, 1), countFirst) })
-		}()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			t.Fatal("queuedNow still running after 5 s")
-		}
-		return n, err
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for n, err := queued(true); n != 2 || err != nil; n, err = queued(true) {
-		if time.Now().After(deadline) {
-			t.Fatalf("queuedNow before the mark: %d, %v; want 2, nil", n, err)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	if _, err := io.ReadFull(b, make([]byte, 2)); err != nil {
-		t.Fatal(err)
-	}
-	for _, countFirst := range []bool{true, false} {
-		if n, err := queued(countFirst); !errors.Is(err, errUrgentMark) {
-			t.Errorf("queuedNow at the mark (countFirst %v): %d, %v; want errUrgentMark", countFirst, n, err)
-		}
 	}
 }
 

@@ -215,7 +215,7 @@ func TestBinaryIsStatic(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s --version: %v\n%s", bin, err, out)
 	}
-	if want := []byte("extractedprism v0.0.0-test (revision test)"); !bytes.Contains(out, want) {
+	if want := []byte("extractedprism v0.0.0-test (revision test, "); !bytes.Contains(out, want) {
 		t.Errorf("--version: got %q; want it to contain %q", out, want)
 	}
 }

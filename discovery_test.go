@@ -316,7 +316,7 @@ func startKube(t *testing.T, jitter float64) *kubeHarness {
 	w := newKubeWatcher(fakeSlices{client}, testLogger(t), h.m, func() float64 { return jitter })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- w.run(ctx, h.out) }()
+	go func() { done <- w.run(ctx, func(l []string) { h.out <- l }) }()
 	t.Cleanup(func() {
 		cancel()
 		close(over)
@@ -822,302 +822,6 @@ func TestKubeWatchEvents(t *testing.T) {
 
 // --- merged provider ---
 
-// scriptedProvider sends the lists the test puts on lists; closing lists
-// makes run return err.
-type scriptedProvider struct {
-	pname  string
-	lists  chan []string
-	err    error
-	exited chan struct{}
-}
-
-func newScripted(name string, err error) *scriptedProvider {
-	return &scriptedProvider{pname: name, lists: make(chan []string), err: err, exited: make(chan struct{})}
-}
-
-func (p *scriptedProvider) name() string { return p.pname }
-
-func (p *scriptedProvider) run(ctx context.Context, out chan<- []string) error {
-	defer close(p.exited)
-	for {
-		select {
-		case l, ok := <-p.lists:
-			if !ok {
-				return p.err
-			}
-			select {
-			case out <- l:
-			case <-ctx.Done():
-				return nil
-			}
-		case <-ctx.Done():
-			return nil
-		}
-	}
-}
-
-type mergedHarness struct {
-	reg    *prometheus.Registry // m's
-	m      *metrics
-	mp     *mergedProvider
-	out    chan []string
-	cancel context.CancelFunc
-	done   chan error
-}
-
-// startMerged runs a merged provider inside the bubble; the test stops it.
-func startMerged(t *testing.T, out chan []string, providers ...provider) *mergedHarness {
-	reg := prometheus.NewRegistry()
-	return startMergedOn(t, reg, newMetrics(reg), out, providers...)
-}
-
-// startMergedOn is startMerged with metrics m, registered on reg, which
-// the providers may share.
-func startMergedOn(t *testing.T, reg *prometheus.Registry, m *metrics, out chan []string, providers ...provider) *mergedHarness {
-	h := &mergedHarness{reg: reg, m: m, out: out, done: make(chan error, 1)}
-	mp := newMergedProvider(testLogger(t), h.m, providers...)
-	h.mp = mp
-	ctx, cancel := context.WithCancel(context.Background())
-	h.cancel = cancel
-	go func() { h.done <- mp.run(ctx, out) }()
-	t.Cleanup(cancel)
-	return h
-}
-
-// sent returns what the merged provider has sent so far.
-func (h *mergedHarness) sent() [][]string {
-	synctest.Wait()
-	var got [][]string
-	for {
-		select {
-		case l := <-h.out:
-			got = append(got, l)
-		default:
-			return got
-		}
-	}
-}
-
-func (h *mergedHarness) stop(t *testing.T) {
-	t.Helper()
-	h.cancel()
-	if err := <-h.done; err != nil {
-		t.Errorf("run after cancel: got %v; want nil", err)
-	}
-}
-
-func (h *mergedHarness) updates(name string) float64 {
-	return testutil.ToFloat64(h.m.discoveryUpdates.WithLabelValues(name))
-}
-
-func (h *mergedHarness) errorsOf(name string) float64 {
-	return testutil.ToFloat64(h.m.discoveryErrors.WithLabelValues(name))
-}
-
-func equalLists(a, b [][]string) bool {
-	return slices.EqualFunc(a, b, slices.Equal[[]string])
-}
-
-func TestStaticProvider(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		p := newStaticProvider([]string{"[fd00:0::1]:6443", "10.0.0.1:6443", "api.example.com:6443"})
-		if got := p.name(); got != "static" {
-			t.Errorf("name: got %q; want %q", got, "static")
-		}
-		out := make(chan []string, 10)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- p.run(ctx, out) }()
-		synctest.Wait()
-		if got, want := len(out), 1; got != want {
-			t.Fatalf("lists sent: got %v; want %v", got, want)
-		}
-		if got, want := <-out, []string{"[fd00::1]:6443", "10.0.0.1:6443", "api.example.com:6443"}; !slices.Equal(got, want) {
-			t.Errorf("got %q; want %q", got, want)
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("run returned %v before cancellation; want it to block", err)
-		default:
-		}
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run after cancel: got %v; want nil", err)
-		}
-	})
-}
-
-func TestMergedDeduplicatesAcrossProviders(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		kube := newScripted(kubeProviderName, nil)
-		h := startMerged(t, make(chan []string, 10),
-			newStaticProvider([]string{"10.0.0.2:6443", "10.0.0.1:6443"}), kube)
-		if got, want := h.sent(), [][]string{{"10.0.0.1:6443", "10.0.0.2:6443"}}; !equalLists(got, want) {
-			t.Errorf("after static: got %q; want %q", got, want)
-		}
-		kube.lists <- []string{"10.0.0.3:6443", "10.0.0.1:6443"}
-		if got, want := h.sent(), [][]string{{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443"}}; !equalLists(got, want) {
-			t.Errorf("after kubernetes: got %q; want %q", got, want)
-		}
-		// The union is unchanged, so nothing is sent.
-		kube.lists <- []string{"10.0.0.3:6443", "10.0.0.2:6443"}
-		if got := h.sent(); len(got) != 0 {
-			t.Errorf("after an unchanged union: got %q; want nothing", got)
-		}
-		kube.lists <- []string{"10.0.0.1:6443"}
-		if got, want := h.sent(), [][]string{{"10.0.0.1:6443", "10.0.0.2:6443"}}; !equalLists(got, want) {
-			t.Errorf("after kubernetes shrank: got %q; want %q", got, want)
-		}
-		if got, want := h.updates("static"), 1.0; got != want {
-			t.Errorf("discovery_updates_total{static}: got %v; want %v", got, want)
-		}
-		if got, want := h.updates("kubernetes"), 3.0; got != want {
-			t.Errorf("discovery_updates_total{kubernetes}: got %v; want %v", got, want)
-		}
-		h.stop(t)
-	})
-}
-
-func TestMergedNeverSendsEmpty(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		a, b := newScripted("a", nil), newScripted("b", nil)
-		h := startMerged(t, make(chan []string, 10), a, b)
-		a.lists <- []string{}
-		b.lists <- nil
-		if got := h.sent(); len(got) != 0 {
-			t.Errorf("with only empty lists: got %q; want nothing", got)
-		}
-		a.lists <- []string{"10.0.0.1:6443"}
-		if got, want := h.sent(), [][]string{{"10.0.0.1:6443"}}; !equalLists(got, want) {
-			t.Errorf("got %q; want %q", got, want)
-		}
-		a.lists <- []string{}
-		if got := h.sent(); len(got) != 0 {
-			t.Errorf("after the only endpoints went away: got %q; want nothing", got)
-		}
-		if got, want := h.updates("a"), 3.0; got != want {
-			t.Errorf("discovery_updates_total{a}: got %v; want %v", got, want)
-		}
-		h.stop(t)
-	})
-}
-
-func TestMergedIsolatesFailedProvider(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		kubeErr := errors.New("kubernetes broke")
-		kube := newScripted(kubeProviderName, kubeErr)
-		h := startMerged(t, make(chan []string, 10), kube,
-			newStaticProvider([]string{"10.0.0.1:6443"}))
-		kube.lists <- []string{"10.0.0.9:6443"}
-		h.sent()
-		close(kube.lists)
-		<-kube.exited
-		synctest.Wait()
-		select {
-		case err := <-h.done:
-			t.Fatalf("run returned %v after one of two providers failed; want it to go on", err)
-		default:
-		}
-		if got, want := h.errorsOf(kubeProviderName), 1.0; got != want {
-			t.Errorf("discovery_errors_total{kubernetes}: got %v; want %v", got, want)
-		}
-		if got := h.errorsOf(staticProviderName); got != 0 {
-			t.Errorf("discovery_errors_total{static}: got %v; want 0", got)
-		}
-		// The failed provider's last list stays; nothing changes.
-		if got := h.sent(); len(got) != 0 {
-			t.Errorf("after the failure: got %q; want nothing", got)
-		}
-		h.stop(t)
-	})
-}
-
-func TestMergedAllFailed(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		errA, errB := errors.New("a broke"), errors.New("b broke")
-		a, b := newScripted("a", errA), newScripted("b", errB)
-		h := startMerged(t, make(chan []string, 10), a, b)
-		a.lists <- []string{"10.0.0.1:6443"}
-		close(a.lists)
-		close(b.lists)
-		err := <-h.done
-		if !errors.Is(err, errA) || !errors.Is(err, errB) {
-			t.Errorf("got %v; want an error wrapping %v and %v", err, errA, errB)
-		}
-		if got := h.errorsOf("a") + h.errorsOf("b"); got != 2 {
-			t.Errorf("discovery_errors_total{a}+{b}: got %v; want 2", got)
-		}
-		if got, want := h.updates("a"), 1.0; got != want {
-			t.Errorf("discovery_updates_total{a}: got %v; want %v", got, want)
-		}
-	})
-}
-
-// discovery_running says which providers run: 1 from the start, 0 once one
-// ends before shutdown, with an error or without; shutdown leaves it. Each
-// provider's counters exist from the start, so increase works at once.
-func TestMergedReportsRunningProviders(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		kube := newScripted(kubeProviderName, errors.New("kubernetes broke"))
-		quiet := newScripted("quiet", nil) // returns nil early, against the contract
-		h := startMerged(t, make(chan []string, 10), newStaticProvider([]string{"10.0.0.1:6443"}), kube, quiet)
-		running := func(name string) float64 {
-			return testutil.ToFloat64(h.m.discoveryRunning.WithLabelValues(name))
-		}
-		synctest.Wait()
-		for _, name := range []string{staticProviderName, kubeProviderName, "quiet"} {
-			if got := running(name); got != 1 {
-				t.Errorf("at start, discovery_running{%s}: got %v; want 1", name, got)
-			}
-		}
-		if got, want := testutil.CollectAndCount(h.m.discoveryUpdates), 3; got != want {
-			t.Errorf("discovery_updates_total series before kubernetes and quiet sent a list: got %v; want %v", got, want)
-		}
-		if got, want := testutil.CollectAndCount(h.m.discoveryErrors), 3; got != want {
-			t.Errorf("discovery_errors_total series before any error: got %v; want %v", got, want)
-		}
-		close(kube.lists)
-		close(quiet.lists)
-		synctest.Wait()
-		if got := running(kubeProviderName); got != 0 {
-			t.Errorf("after kubernetes failed, discovery_running{kubernetes}: got %v; want 0", got)
-		}
-		if got := running("quiet"); got != 0 {
-			t.Errorf("after quiet returned nil, discovery_running{quiet}: got %v; want 0", got)
-		}
-		if got, want := h.errorsOf("quiet"), 0.0; got != want {
-			t.Errorf("discovery_errors_total{quiet}: got %v; want %v", got, want)
-		}
-		h.stop(t)
-		if got := running(staticProviderName); got != 1 {
-			t.Errorf("after shutdown, discovery_running{static}: got %v; want 1", got)
-		}
-	})
-}
-
-func TestMergedCancelWhileSending(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		a := newScripted("a", nil)
-		// Nobody reads out, so the merged provider blocks sending on it.
-		h := startMerged(t, make(chan []string), a, newStaticProvider([]string{"10.0.0.1:6443"}))
-		synctest.Wait()
-		h.stop(t)
-		// run waits for its providers before it returns.
-		select {
-		case <-a.exited:
-		default:
-			t.Errorf("provider still running after run returned")
-		}
-	})
-}
-
-func TestMergedWithoutProviders(t *testing.T) {
-	mp := newMergedProvider(testLogger(t), newMetrics(prometheus.NewRegistry()))
-	if err := mp.run(t.Context(), make(chan []string)); err == nil {
-		t.Errorf("got nil; want an error")
-	}
-}
-
 // --- client configuration ---
 
 func writeFile(t *testing.T, path, content string) {
@@ -1318,9 +1022,8 @@ func TestEndpointCacheCorruptionIgnored(t *testing.T) {
 			if _, err := c.load(); err == nil {
 				t.Error("load: got nil error; want the corruption reported")
 			}
-			p := newCacheProvider(c).(*cacheProvider)
-			if len(p.endpoints) != 0 {
-				t.Errorf("cache provider endpoints: got %v; want none", p.endpoints)
+			if eps := c.loadCache(); len(eps) != 0 {
+				t.Errorf("loadCache: got %v; want none", eps)
 			}
 			if !strings.Contains(logs.String(), "endpoint cache ignored") {
 				t.Errorf("log: got %q; want the cache reported as ignored", logs.String())
@@ -1350,48 +1053,6 @@ func TestEndpointCacheStoreKeepsOldFileOnFailure(t *testing.T) {
 	if got, err := c.load(); err != nil || !slices.Equal(got, []string{"10.0.0.1:6443"}) {
 		t.Errorf("cache after a failed store: got %v, %v; want the old list", got, err)
 	}
-}
-
-func TestCacheProviderSupersededByKubernetes(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		kube := newScripted(kubeProviderName, nil)
-		cache := &cacheProvider{endpoints: []string{"10.0.0.9:6443"}}
-		h := startMerged(t, make(chan []string, 10), newStaticProvider([]string{"10.0.0.1:6443"}), cache, kube)
-		last := func() []string {
-			sent := h.sent()
-			if len(sent) == 0 {
-				return nil
-			}
-			return sent[len(sent)-1]
-		}
-		if got := last(); !slices.Equal(got, []string{"10.0.0.1:6443", "10.0.0.9:6443"}) {
-			t.Fatalf("before discovery answers: got %v; want static plus cache", got)
-		}
-		kube.lists <- []string{"10.0.0.2:6443"}
-		if got := last(); !slices.Equal(got, []string{"10.0.0.1:6443", "10.0.0.2:6443"}) {
-			t.Fatalf("after discovery answered: got %v; want static plus kubernetes, cache dropped", got)
-		}
-		src := h.mp.sources()
-		if !slices.Equal(src["10.0.0.2:6443"], []string{kubeProviderName}) || src["10.0.0.9:6443"] != nil {
-			t.Errorf("sources: got %v; want 10.0.0.2 from kubernetes and no cache entries", src)
-		}
-		h.stop(t)
-	})
-}
-
-// An endpoint a provider lists twice has that provider once among its
-// sources.
-func TestMergedSourcesNameEachProviderOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		h := startMerged(t, make(chan []string, 10), newStaticProvider([]string{"10.0.0.1:6443", "[::ffff:10.0.0.1]:6443"}))
-		if got := h.sent(); len(got) != 1 || !slices.Equal(got[0], []string{"10.0.0.1:6443"}) {
-			t.Errorf("sent: got %v; want the one endpoint once", got)
-		}
-		if src := h.mp.sources(); !slices.Equal(src["10.0.0.1:6443"], []string{staticProviderName}) {
-			t.Errorf("sources: got %v; want 10.0.0.1:6443 from static once", src)
-		}
-		h.stop(t)
-	})
 }
 
 // fakeSlices is the sliceClient over client-go's fake clientset.
@@ -1469,10 +1130,9 @@ func TestWatcherWarnsOfRejectedAddressesOnce(t *testing.T) {
 	w := newKubeWatcher(nil, slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), func() float64 { return 0 })
 	w.cache = sliceCache(kubeSlice("kubernetes", "1", "10.0.0.1", "169.254.169.254"))
 	out := make(chan []string, 4)
+	w.publishFn = func(l []string) { out <- l }
 	for range 2 {
-		if !w.publish(t.Context(), out) {
-			t.Fatal("publish: got false")
-		}
+		w.publish()
 	}
 	if got := strings.Count(logs.String(), "ignoring discovered slices or addresses"); got != 1 {
 		t.Errorf("warnings: got %d; want 1 in %q", got, logs.String())
@@ -1492,12 +1152,8 @@ func TestWatcherKeepsLastListWhenEmpty(t *testing.T) {
 	logs := &syncBuffer{}
 	w := newKubeWatcher(nil, slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), func() float64 { return 0 })
 	out := make(chan []string, 4)
-	publish := func() {
-		t.Helper()
-		if !w.publish(t.Context(), out) {
-			t.Fatal("publish: got false")
-		}
-	}
+	w.publishFn = func(l []string) { out <- l }
+	publish := w.publish
 	w.cache = sliceCache(kubeSlice("kubernetes", "1", "10.0.0.1"))
 	publish()
 	if eps := <-out; !slices.Equal(eps, []string{"10.0.0.1:6443"}) {
@@ -1542,4 +1198,97 @@ func TestEndpointsOfReportsSkippedSlices(t *testing.T) {
 	if !slices.Equal(rejected, want) {
 		t.Errorf("rejected %q; want %q", rejected, want)
 	}
+}
+
+// --- merged provider ---
+
+// scriptedProvider publishes the lists the test puts on lists; closing
+// lists makes run return err.
+type scriptedProvider struct {
+	pname  string
+	lists  chan []string
+	err    error
+	exited chan struct{}
+}
+
+func newScripted(name string, err error) *scriptedProvider {
+	return &scriptedProvider{pname: name, lists: make(chan []string), err: err, exited: make(chan struct{})}
+}
+
+func (p *scriptedProvider) name() string { return p.pname }
+
+func (p *scriptedProvider) run(ctx context.Context, publish func([]string)) error {
+	defer close(p.exited)
+	for {
+		select {
+		case l, ok := <-p.lists:
+			if !ok {
+				return p.err
+			}
+			publish(l)
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+type mergedHarness struct {
+	reg    *prometheus.Registry // m's
+	m      *metrics
+	mp     *mergedProvider
+	last   []string // the union sent returned last
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startMerged runs a merged provider over static, cached and providers
+// inside the bubble; the test stops it.
+func startMerged(t *testing.T, static, cached []string, providers ...provider) *mergedHarness {
+	reg := prometheus.NewRegistry()
+	return startMergedOn(t, reg, newMetrics(reg), static, cached, providers...)
+}
+
+// startMergedOn is startMerged with metrics m, registered on reg, which
+// the providers may share.
+func startMergedOn(t *testing.T, reg *prometheus.Registry, m *metrics, static, cached []string, providers ...provider) *mergedHarness {
+	h := &mergedHarness{reg: reg, m: m, done: make(chan struct{})}
+	h.mp = newMergedProvider(testLogger(t), m, static, cached, providers...)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() { h.mp.run(ctx); close(h.done) }()
+	t.Cleanup(cancel)
+	return h
+}
+
+// sent returns what the run loop would apply once everything has settled,
+// as the daemon's loop does: the union, if the notify channel has a wake-up
+// and the union is neither empty nor the one returned last; nothing
+// otherwise.
+func (h *mergedHarness) sent() [][]string {
+	synctest.Wait()
+	select {
+	case <-h.mp.notify:
+	default:
+		return nil
+	}
+	eps := h.mp.endpoints()
+	if len(eps) == 0 || slices.Equal(eps, h.last) {
+		return nil
+	}
+	h.last = eps
+	return [][]string{eps}
+}
+
+func (h *mergedHarness) stop(t *testing.T) {
+	t.Helper()
+	h.cancel()
+	<-h.done
+}
+
+func (h *mergedHarness) updates(name string) float64 {
+	return testutil.ToFloat64(h.m.discoveryUpdates.WithLabelValues(name))
+}
+
+func (h *mergedHarness) errorsOf(name string) float64 {
+	return testutil.ToFloat64(h.m.discoveryErrors.WithLabelValues(name))
 }

@@ -406,9 +406,9 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 		t.Skip("opens thousands of connections; skipped with -short")
 	}
 	// The daemon sizes its connection bound from the limit it starts
-	// with (connLimit: the limit less fdReserve, over fdsPerConn).
+	// with (the limit less fdReserve, over fdsPerConn).
 	const startLimit = 2048
-	bound := connLimit(startLimit)
+	bound, _ := maxConnections(startLimit, 0)
 	somaxconn := 4096
 	if b, err := os.ReadFile("/proc/sys/net/core/somaxconn"); err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestHeartbeatAlive(t *testing.T) {
@@ -73,22 +72,6 @@ func TestHeartbeatAlive(t *testing.T) {
 			},
 			wantReason: "no heartbeat",
 		},
-		{
-			name: "fail is sticky",
-			steps: func(h *heartbeat) {
-				h.fail("discovery pipeline exited")
-				h.beat()
-			},
-			wantReason: "discovery pipeline exited",
-		},
-		{
-			name: "first failure reason wins",
-			steps: func(h *heartbeat) {
-				h.fail("discovery pipeline exited")
-				h.fail("run loop exited")
-			},
-			wantReason: "discovery pipeline exited",
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -110,8 +93,8 @@ func TestHeartbeatAlive(t *testing.T) {
 	}
 }
 
-// TestHeartbeatConcurrent lets the race detector check that beat, fail and
-// alive need no lock.
+// TestHeartbeatConcurrent lets the race detector check that beat and alive
+// need no lock.
 func TestHeartbeatConcurrent(t *testing.T) {
 	h := newHeartbeat(time.Hour)
 	var wg sync.WaitGroup
@@ -123,10 +106,9 @@ func TestHeartbeatConcurrent(t *testing.T) {
 			}
 		})
 	}
-	wg.Go(func() { h.fail("stop") })
 	wg.Wait()
-	if alive, reason := h.alive(); alive || reason != "stop" {
-		t.Errorf("alive(): got %v, %q; want false, %q", alive, reason, "stop")
+	if alive, reason := h.alive(); !alive {
+		t.Errorf("alive(): got %v, %q; want true", alive, reason)
 	}
 }
 
@@ -208,29 +190,35 @@ func TestHealthHandlerUnknownPath(t *testing.T) {
 }
 
 func TestHealthzReportsFailure(t *testing.T) {
-	hb := newHeartbeat(time.Hour)
-	handler := newHealthHandler(hb.alive, func() bool { return true }, prometheus.NewRegistry())
+	var failure atomic.Pointer[string]
+	live := func() (bool, string) {
+		if r := failure.Load(); r != nil {
+			return false, *r
+		}
+		return true, ""
+	}
+	handler := newHealthHandler(live, func() bool { return true }, prometheus.NewRegistry())
 	srv := startHealthServer(t, handler, nil)
 	client := newTestClient(t)
 
-	// Sequential steps on one server: failure is sticky, so order matters.
+	// Sequential steps on one server: a failure stays set, so order matters.
 	steps := []struct {
 		name     string
-		fail     string // passed to hb.fail unless empty
+		fail     string // the liveness failure set from this step on, unless empty
 		method   string
 		wantCode int
 		wantBody string
 	}{
 		{"live", "", http.MethodGet, http.StatusOK, "ok\n"},
 		{"live HEAD", "", http.MethodHead, http.StatusOK, ""},
-		{"failed", "discovery pipeline exited", http.MethodGet, http.StatusServiceUnavailable, "discovery pipeline exited\n"},
+		{"failed", "no heartbeat for 20s", http.MethodGet, http.StatusServiceUnavailable, "no heartbeat for 20s\n"},
 		{"failed HEAD", "", http.MethodHead, http.StatusServiceUnavailable, ""},
-		{"still failed", "", http.MethodGet, http.StatusServiceUnavailable, "discovery pipeline exited\n"},
+		{"still failed", "", http.MethodGet, http.StatusServiceUnavailable, "no heartbeat for 20s\n"},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
 			if s.fail != "" {
-				hb.fail(s.fail)
+				failure.Store(&s.fail)
 			}
 			code, _, body := do(t, client, s.method, srv.url+"/healthz")
 			if code != s.wantCode {
@@ -558,377 +546,6 @@ func TestServeHealthSurvivesAcceptErrors(t *testing.T) {
 			if n := strings.Count(got, want); n != 1 {
 				t.Errorf("log lines with %q: got %d; want 1 in %q", want, n, got)
 			}
-		}
-	})
-}
-
-// TestHealthServerConnLimitClosesOldestIdle fills the health server with
-// keep-alive connections that each made one request and stay idle, as a
-// local process holding connections would, twice over. Each one past the
-// limit must close the oldest idle one, and a probe from a new client must
-// still be answered at once.
-func TestHealthServerConnLimitClosesOldestIdle(t *testing.T) {
-	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
-	// Observes the server's own hook without changing it, so that each
-	// connection is known idle before the next one opens: oldest is then
-	// well defined.
-	idle := make(chan struct{}, 1)
-	srv := startHealthServer(t, handler, func(s *http.Server) {
-		track := s.ConnState
-		s.ConnState = func(c net.Conn, state http.ConnState) {
-			if track != nil {
-				track(c, state)
-			}
-			if state == http.StateIdle {
-				select {
-				case idle <- struct{}{}:
-				default:
-				}
-			}
-		}
-	})
-
-	conns := make([]*keepAliveConn, 2*healthMaxConns)
-	for i := range conns {
-		conns[i] = dialKeepAlive(t, srv.addr)
-		if code, err := conns[i].get("/healthz"); err != nil || code != http.StatusOK {
-			t.Fatalf("connection %d: got %d, %v; want %d", i, code, err, http.StatusOK)
-		}
-		select {
-		case <-idle:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("connection %d never became idle", i)
-		}
-	}
-
-	// A kubelet probe: a new connection, one request, a timeout of 1s.
-	start := time.Now()
-	if code, _, _ := do(t, newTestClient(t), http.MethodGet, srv.url+"/healthz"); code != http.StatusOK {
-		t.Errorf("probe: got %d; want %d", code, http.StatusOK)
-	}
-	if elapsed := time.Since(start); elapsed > time.Second {
-		t.Errorf("probe answered after %v; want within 1s", elapsed)
-	}
-
-	// The probe took the slot of the oldest survivor, so the first
-	// healthMaxConns+1 are closed, and the rest, which still answer, make
-	// exactly healthMaxConns with the probe's.
-	deadline := time.Now().Add(3 * time.Second)
-	for i, k := range conns[:healthMaxConns+1] {
-		if !k.closed(deadline) {
-			t.Errorf("connection %d of %d: got it open; want it closed", i, len(conns))
-		}
-	}
-	for i, k := range conns[healthMaxConns+1:] {
-		if code, err := k.get("/healthz"); err != nil || code != http.StatusOK {
-			t.Errorf("connection %d of %d: got %d, %v; want it open and answering %d",
-				healthMaxConns+1+i, len(conns), code, err, http.StatusOK)
-		}
-	}
-	for reason, want := range map[string]float64{reasonWaiting: healthMaxConns + 1, reasonNew: 0} {
-		if got := testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reason)); got != want {
-			t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
-		}
-	}
-}
-
-// TestHealthServerConnLimitClosesNewWhenAllBusy holds every connection of
-// the health server inside a handler: a new connection must be closed, not
-// admitted, and once the handlers return everything works again.
-func TestHealthServerConnLimitClosesNewWhenAllBusy(t *testing.T) {
-	entered := make(chan struct{}, healthMaxConns)
-	release := make(chan struct{})
-	mux := http.NewServeMux()
-	mux.HandleFunc("/block", func(w http.ResponseWriter, r *http.Request) {
-		entered <- struct{}{}
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-		writeOK(w)
-	})
-	mux.Handle("/", newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry()))
-	srv := startHealthServer(t, mux, nil)
-	var releaseOnce sync.Once
-	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(releaseAll) // before the server stops: cleanups run last first
-
-	busy := make([]*keepAliveConn, healthMaxConns)
-	for i := range busy {
-		busy[i] = dialKeepAlive(t, srv.addr)
-		if err := busy[i].send("/block"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	timeout := time.After(5 * time.Second)
-	for i := range busy {
-		select {
-		case <-entered:
-		case <-timeout:
-			t.Fatalf("%d of %d requests reached the handler; want all", i, len(busy))
-		}
-	}
-
-	extra := dialKeepAlive(t, srv.addr)
-	if err := extra.send("/healthz"); err != nil {
-		t.Fatal(err)
-	}
-	if !extra.closed(time.Now().Add(3 * time.Second)) {
-		t.Error("new connection with every slot busy: got it open or answered; want it closed unanswered")
-	}
-	if got := testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reasonNew)); got != 1 {
-		t.Errorf("health_connections_closed_total{reason=%q}: got %v; want 1", reasonNew, got)
-	}
-
-	releaseAll()
-	for i, k := range busy {
-		if code, err := k.response(); err != nil || code != http.StatusOK {
-			t.Errorf("busy connection %d after release: got %d, %v; want %d", i, code, err, http.StatusOK)
-		}
-	}
-	if code, _, _ := do(t, newTestClient(t), http.MethodGet, srv.url+"/healthz"); code != http.StatusOK {
-		t.Errorf("probe after release: got %d; want %d", code, http.StatusOK)
-	}
-}
-
-// TestHealthConnLimiterGrace runs the limiter's admission with two slots
-// in a synctest bubble: who is closed to make room for a third connection
-// c, and how long c waits for it.
-func TestHealthConnLimiterGrace(t *testing.T) {
-	const grace = healthConnGrace
-	const meanwhileAfter = 100 * time.Millisecond
-	request := func(l *connLimiter, c net.Conn) {
-		l.track(c, http.StateActive)
-		l.track(c, http.StateIdle)
-	}
-	tests := []struct {
-		name      string
-		setup     func(l *connLimiter, a, b net.Conn) // before c arrives
-		meanwhile func(l *connLimiter, a, b net.Conn) // meanwhileAfter c arrives, if not nil
-		wantWait  time.Duration
-		wantGone  string // the connection closed: "a", "c" or "" for none
-	}{
-		{
-			name: "idle connection closed at once",
-			setup: func(l *connLimiter, a, b net.Conn) {
-				l.track(a, http.StateNew)
-				request(l, a)
-				l.track(b, http.StateNew)
-			},
-			wantGone: "a",
-		},
-		{
-			name: "oldest idle closed, not the younger one",
-			setup: func(l *connLimiter, a, b net.Conn) {
-				l.track(a, http.StateNew)
-				l.track(b, http.StateNew)
-				request(l, a)
-				time.Sleep(time.Second)
-				request(l, b)
-			},
-			wantGone: "a",
-		},
-		{
-			name: "new connection spared for its grace",
-			setup: func(l *connLimiter, a, b net.Conn) {
-				l.track(a, http.StateNew)
-				time.Sleep(10 * time.Millisecond)
-				l.track(b, http.StateNew)
-			},
-			wantWait: grace - 10*time.Millisecond,
-			wantGone: "a",
-		},
-		{
-			name: "new connection past its grace closed at once",
-			setup: func(l *connLimiter, a, b net.Conn) {
-				l.track(a, http.StateNew)
-				time.Sleep(grace)
-				l.track(b, http.StateNew)
-			},
-			wantGone: "a",
-		},
-		{
-			name: "waiting arrival takes a slot freed by a close",
-			setup: func(l *connLimiter, a, b net.Conn) {
-				l.track(a, http.StateNew)
-				l.track(b, http.StateNew)
-			},
-			meanwhile: func(l *connLimiter, _, b net.Conn) { l.track(b, http.StateClosed) },
-			wantWait:  meanwhileAfter,
-		},
-		{
-			name: "waiting arrival closes a connection that turns idle",
-			setup: func(l *connLimiter, a, b net.Conn) {
-				l.track(a, http.StateNew)
-				l.track(a, http.StateActive)
-				l.track(b, http.StateNew)
-				l.track(b, http.StateActive)
-			},
-			meanwhile: func(l *connLimiter, a, _ net.Conn) { l.track(a, http.StateIdle) },
-			wantWait:  meanwhileAfter,
-			wantGone:  "a",
-		},
-		{
-			name: "a request going on for longer than busy closed at once",
-			setup: func(l *connLimiter, a, b net.Conn) {
-				l.track(a, http.StateNew)
-				l.track(a, http.StateActive)
-				time.Sleep(healthConnBusy)
-				l.track(b, http.StateNew)
-				l.track(b, http.StateActive)
-			},
-			wantGone: "a",
-		},
-		{
-			name: "idle connection closed before an older one stuck in a request",
-			setup: func(l *connLimiter, a, b net.Conn) {
-				l.track(a, http.StateNew)
-				l.track(a, http.StateActive)
-				time.Sleep(healthConnBusy + time.Second)
-				l.track(b, http.StateNew)
-				request(l, b)
-			},
-			wantGone: "b",
-		},
-		{
-			name: "every connection in a handler: the new one closed after grace",
-			setup: func(l *connLimiter, a, b net.Conn) {
-				l.track(a, http.StateNew)
-				l.track(a, http.StateActive)
-				l.track(b, http.StateNew)
-				l.track(b, http.StateActive)
-			},
-			wantWait: grace,
-			wantGone: "c",
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				m := newMetrics(prometheus.NewRegistry())
-				l := newConnLimiter(2, slog.New(slog.DiscardHandler), m)
-				conns := map[string]*closeRecorder{"a": newCloseRecorder(), "b": newCloseRecorder(), "c": newCloseRecorder()}
-				a, b, c := conns["a"], conns["b"], conns["c"]
-				tt.setup(l, a, b)
-
-				start := time.Now()
-				waited := make(chan time.Duration, 1)
-				go func() {
-					l.track(c, http.StateNew)
-					waited <- time.Since(start)
-				}()
-				if tt.meanwhile != nil {
-					time.Sleep(meanwhileAfter)
-					tt.meanwhile(l, a, b)
-				}
-				if got := <-waited; got != tt.wantWait {
-					t.Errorf("c waited: got %v; want %v", got, tt.wantWait)
-				}
-				for name, rc := range conns {
-					if got, want := rc.closed.Load(), name == tt.wantGone; got != want {
-						t.Errorf("%s closed: got %v; want %v", name, got, want)
-					}
-				}
-				wantClosed := map[string]float64{reasonWaiting: 0, reasonNew: 0}
-				switch tt.wantGone {
-				case "c":
-					wantClosed[reasonNew] = 1
-				case "a", "b":
-					wantClosed[reasonWaiting] = 1
-				}
-				for reason, want := range wantClosed {
-					if got := testutil.ToFloat64(m.healthConnsClosed.WithLabelValues(reason)); got != want {
-						t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
-					}
-				}
-				l.mu.Lock()
-				defer l.mu.Unlock()
-				if n := len(l.conns); n > l.max {
-					t.Errorf("connections counted: got %d; want at most %d", n, l.max)
-				}
-			})
-		})
-	}
-}
-
-// TestHealthConnLimiterClosedStayGone: a connection the limiter closed may
-// still finish reading a request it had buffered, and net/http then reports
-// it active and idle; it must not count again.
-func TestHealthConnLimiterClosedStayGone(t *testing.T) {
-	l := newConnLimiter(1, slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()))
-	a, b := newCloseRecorder(), newCloseRecorder()
-	for _, state := range []http.ConnState{http.StateNew, http.StateActive, http.StateIdle} {
-		l.track(a, state)
-	}
-	l.track(b, http.StateNew) // closes a, which is idle
-	if !a.closed.Load() {
-		t.Fatal("a closed: got false; want true")
-	}
-	l.track(a, http.StateActive)
-	l.track(a, http.StateIdle)
-
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	_, aCounted := l.conns[a]
-	_, bCounted := l.conns[b]
-	if len(l.conns) != 1 || aCounted || !bCounted {
-		t.Errorf("connections counted: got %d (a %v, b %v); want 1 (b)", len(l.conns), aCounted, bCounted)
-	}
-}
-
-// TestHealthConnLimiterWarnsOncePerMinute checks that the limiter warns at
-// the first connection it closes and then at most once a minute, with the
-// count since the last warning.
-func TestHealthConnLimiterWarnsOncePerMinute(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var buf lockedBuffer
-		l := newConnLimiter(1, slog.New(slog.NewTextHandler(&buf, nil)), newMetrics(prometheus.NewRegistry()))
-		const warning = "health server at its connection limit"
-		// open adds an idle keep-alive connection, which closes the one
-		// before it.
-		open := func() net.Conn {
-			c := newCloseRecorder()
-			l.track(c, http.StateNew)
-			l.track(c, http.StateActive)
-			l.track(c, http.StateIdle)
-			return c
-		}
-
-		open()
-		open()
-		if got := buf.String(); strings.Count(got, warning) != 1 || !strings.Contains(got, "level=WARN") ||
-			!strings.Contains(got, "closed_waiting=1 refused_new=0") {
-			t.Fatalf("log after the first closing: got %q; want one warning with closed_waiting=1 refused_new=0", got)
-		}
-		for range 5 {
-			time.Sleep(time.Second)
-			open()
-		}
-		if n := strings.Count(buf.String(), warning); n != 1 {
-			t.Errorf("warnings after 6 closings within a minute: got %d; want 1", n)
-		}
-
-		time.Sleep(healthLimitLogEvery)
-		last := open()
-		got := buf.String()
-		if n := strings.Count(got, warning); n != 2 {
-			t.Errorf("warnings a minute later: got %d; want 2 in %q", n, got)
-		}
-		if !strings.Contains(got, "closed_waiting=6 refused_new=0") {
-			t.Errorf("second warning: got %q; want closed_waiting=6 refused_new=0", got)
-		}
-
-		// Refused connections count too; each waits out the grace.
-		l.track(last, http.StateActive)
-		l.track(newCloseRecorder(), http.StateNew)
-		if n := strings.Count(buf.String(), warning); n != 2 {
-			t.Errorf("warnings after a refusal within the minute: got %d; want 2", n)
-		}
-		time.Sleep(healthLimitLogEvery)
-		l.track(last, http.StateActive) // a new request, younger than healthConnBusy
-		l.track(newCloseRecorder(), http.StateNew)
-		if got := buf.String(); !strings.Contains(got, "closed_waiting=0 refused_new=2") {
-			t.Errorf("third warning: got %q; want closed_waiting=0 refused_new=2", got)
 		}
 	})
 }

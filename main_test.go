@@ -359,48 +359,6 @@ func TestBeatSkippedWhileAcceptFails(t *testing.T) {
 	})
 }
 
-func TestBeatReleasesMemoryAfterADrop(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		d := beatDaemon(2000)
-		defer d.pool.close()
-		setOpen := func(n int) { // as serve and end do
-			for len(d.proxy.slots) < n {
-				d.proxy.slots <- struct{}{}
-			}
-			for len(d.proxy.slots) > n {
-				<-d.proxy.slots
-			}
-			d.proxy.notePeak()
-		}
-		beat := func(open int) {
-			time.Sleep(5 * time.Second)
-			setOpen(open)
-			d.beat()
-		}
-
-		beat(1500)
-		if !d.released.at.IsZero() {
-			t.Fatal("memory released while 1,500 connections are open")
-		}
-		beat(100)
-		if !d.released.at.Equal(time.Now()) || d.released.high != 100 {
-			t.Fatalf("after a drop from 1,500 to 100: last release %v, high %d; want now and 100", d.released.at, d.released.high)
-		}
-		released := d.released.at
-
-		// A spike that rises and falls between two beats still counts.
-		setOpen(1200)
-		beat(100)
-		if !d.released.at.Equal(released) {
-			t.Fatal("released again within releaseMinInterval")
-		}
-		beat(100)
-		if !d.released.at.Equal(time.Now()) {
-			t.Errorf("no release after a spike to 1,200 between beats and %v", releaseMinInterval)
-		}
-	})
-}
-
 func TestRunLatencyModeReportsTiers(t *testing.T) {
 	a, b := startUpstream(t, echo), startUpstream(t, echo)
 	d := startDaemon(t, nil, "--endpoints", a.addr+","+b.addr, "--upstream-selection", "latency")
@@ -591,9 +549,9 @@ func TestProvidersReportDiscoveryThatCannotStart(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			cfg := &config{Endpoints: []string{"10.0.0.1:6443"}, EnableDiscovery: true, Kubeconfig: tt.kubeconfig}
-			ps := providers(cfg, testLogger(t), newMetrics(reg), "127.0.0.1:7445", nil)
-			if len(ps) != 1 || ps[0].name() != staticProviderName {
-				t.Errorf("providers: got %d; want the static one alone", len(ps))
+			d := &daemon{cfg: cfg, log: testLogger(t), listen: "127.0.0.1:7445"}
+			if mp := d.newDiscovery(newMetrics(reg)); len(mp.providers) != 0 {
+				t.Errorf("providers running: got %d; want none, the static endpoints alone", len(mp.providers))
 			}
 			for _, want := range []struct {
 				name  string
@@ -613,7 +571,7 @@ func TestProvidersReportDiscoveryThatCannotStart(t *testing.T) {
 	t.Run("discovery disabled", func(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		cfg := &config{Endpoints: []string{"10.0.0.1:6443"}, Kubeconfig: "/nonexistent/kubeconfig"}
-		providers(cfg, testLogger(t), newMetrics(reg), "127.0.0.1:7445", nil)
+		(&daemon{cfg: cfg, log: testLogger(t), listen: "127.0.0.1:7445"}).newDiscovery(newMetrics(reg))
 		for _, name := range []string{"extractedprism_discovery_running", "extractedprism_discovery_errors_total", "extractedprism_discovery_updates_total"} {
 			if got, ok := seriesValue(t, reg, name, kube); ok {
 				t.Errorf("%s{provider=\"kubernetes\"}: got %v; want no series", name, got)
@@ -717,7 +675,7 @@ func TestCacheWriterWritesDiscoveredLists(t *testing.T) {
 	lists := make(chan []string, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { d.cacheWriter(ctx, lists) })
+	wg.Go(func() { d.cache.writer(ctx, lists) })
 	offerLatest(lists, []string{"10.0.0.1:6443"})
 	offerLatest(lists, []string{"10.0.0.2:6443"}) // replaces the one not yet taken, if any
 	waitFor(t, "the cache to hold the latest list", func() bool {
@@ -751,74 +709,6 @@ func TestWaitShutdown(t *testing.T) {
 			t.Errorf("waited %v for a finished group; want no wait", got)
 		}
 	})
-}
-
-func TestMemoryReleaseDue(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	for _, tc := range []struct {
-		name       string
-		last       memoryRelease
-		after      time.Duration
-		open, peak int
-		want       bool
-	}{
-		{"small drop", memoryRelease{at: t0, high: 5000}, time.Hour, 5001 - releaseAfterDrop, 0, false},
-		{"drop", memoryRelease{at: t0, high: 5000}, time.Hour, 5000 - releaseAfterDrop, 0, true},
-		{"too soon", memoryRelease{at: t0, high: 5000}, releaseMinInterval - time.Second, 0, 0, false},
-		{"just in time", memoryRelease{at: t0, high: 5000}, releaseMinInterval, 5000 - releaseAfterDrop, 0, true},
-		{"steady churn", memoryRelease{at: t0, high: 5000}, time.Hour, 5000, 5000, false},
-		{"peak between beats", memoryRelease{at: t0, high: 100}, time.Hour, 100, 100 + releaseAfterDrop, true},
-		{"first release", memoryRelease{}, 0, 0, releaseAfterDrop, true},
-	} {
-		r := tc.last
-		if got := r.due(t0.Add(tc.after), tc.open, tc.peak); got != tc.want {
-			t.Errorf("%s: due = %v; want %v", tc.name, got, tc.want)
-		}
-	}
-
-	// The high-water mark stays between beats until a release resets it.
-	r := memoryRelease{at: t0}
-	if r.due(t0.Add(time.Second), 3000, 3000) {
-		t.Error("due while connections rise")
-	}
-	if r.due(t0.Add(time.Second), 2500, 0) {
-		t.Error("due after a drop smaller than releaseAfterDrop")
-	}
-	if !r.due(t0.Add(time.Minute), 3000-releaseAfterDrop, 0) {
-		t.Errorf("not due after the open connections dropped from %d to %d", 3000, 3000-releaseAfterDrop)
-	}
-}
-
-func TestProxyTracksPeakConnections(t *testing.T) {
-	up := startUpstream(t, echo)
-	px := startProxy(t, poolConfig{}, up.addr, deadAddr(t))
-	var conns []net.Conn
-	for range 3 {
-		c := dialProxy(t, px.addr)
-		if err := roundTrip(c, []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		_ = c.Close()
-	}
-	// open counts the slot the accept loop holds while it waits.
-	waitFor(t, "the connections to end", func() bool { return px.open() == 1 })
-	if got := px.takePeak(); got != 3 {
-		t.Errorf("peak = %d; want 3", got)
-	}
-	if got := px.takePeak(); got != 0 {
-		t.Errorf("peak right after takePeak = %d; want 0", got)
-	}
-	c := dialProxy(t, px.addr)
-	defer c.Close()
-	if err := roundTrip(c, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	if got := px.takePeak(); got != 1 {
-		t.Errorf("peak after one new connection = %d; want 1", got)
-	}
 }
 
 // An endpoint cache naming the proxy's own listener (written by someone

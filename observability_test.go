@@ -124,7 +124,6 @@ func registeredMetrics(t *testing.T) map[string]registeredMetric {
 	t.Helper()
 	rec := newDescRecorder()
 	newMetrics(rec)
-	registerRuntimeMetrics(rec)
 	if len(rec.metrics) == 0 {
 		t.Fatal("newMetrics registered no metric")
 	}
@@ -138,7 +137,6 @@ func TestObservabilityRecorderSeesEveryMetric(t *testing.T) {
 	recorded := registeredMetrics(t)
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
-	registerRuntimeMetrics(reg)
 	// Vectors are gathered only once they have a child.
 	m.dialSeconds.WithLabelValues("192.0.2.1:6443").Observe(0.01)
 	m.connectionErrors.WithLabelValues("192.0.2.1:6443").Inc()
@@ -430,7 +428,7 @@ func TestObservabilityDashboard(t *testing.T) {
 	for _, name := range slices.Sorted(maps.Keys(registered)) {
 		// Of the standard process_ and go_ metrics, the dashboard shows
 		// those in dashboardMustShow; the rest are there for ad hoc queries.
-		if !used[name] && strings.HasPrefix(name, metricNamespace+"_") {
+		if !used[name] && strings.HasPrefix(name, "extractedprism_") {
 			t.Errorf("no dashboard query uses %s; a metric without a panel goes unseen", name)
 		}
 	}
@@ -686,13 +684,13 @@ func TestObservabilityDiscoveryNotRunningAlert(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			cfg := &config{Endpoints: []string{"10.0.0.1:6443"}, EnableDiscovery: true, Kubeconfig: tt.kubeconfig}
-			providers(cfg, testLogger(t), newMetrics(reg), "127.0.0.1:7445", nil)
+			(&daemon{cfg: cfg, log: testLogger(t), listen: "127.0.0.1:7445"}).newDiscovery(newMetrics(reg))
 			wantKube(t, firingSeries(t, expr, reg))
 		})
 	}
 	t.Run("discovery disabled", func(t *testing.T) {
 		reg := prometheus.NewRegistry()
-		providers(&config{Endpoints: []string{"10.0.0.1:6443"}}, testLogger(t), newMetrics(reg), "127.0.0.1:7445", nil)
+		(&daemon{cfg: &config{Endpoints: []string{"10.0.0.1:6443"}}, log: testLogger(t), listen: "127.0.0.1:7445"}).newDiscovery(newMetrics(reg))
 		if got := firingSeries(t, expr, reg); len(got) != 0 {
 			t.Errorf("%s holds for %v; want nothing", expr, got)
 		}
@@ -703,7 +701,7 @@ func TestObservabilityDiscoveryNotRunningAlert(t *testing.T) {
 			m := newMetrics(reg)
 			client := fake.NewClientset(kubeSlice("kubernetes", "1", "10.0.0.2"))
 			kube := newKubeWatcher(fakeSlices{client}, testLogger(t), m, func() float64 { return 0 })
-			h := startMergedOn(t, reg, m, make(chan []string, 10), newStaticProvider([]string{"10.0.0.1:6443"}), kube)
+			h := startMergedOn(t, reg, m, []string{"10.0.0.1:6443"}, nil, kube)
 			sent := h.sent()
 			if len(sent) == 0 || !slices.Equal(sent[len(sent)-1], []string{"10.0.0.1:6443", "10.0.0.2:6443"}) {
 				t.Fatalf("sent %q; want the discovered endpoint to join the static one", sent)
@@ -717,7 +715,7 @@ func TestObservabilityDiscoveryNotRunningAlert(t *testing.T) {
 	t.Run("kubernetes provider stopped", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			kube := newScripted(kubeProviderName, errors.New("kubernetes broke"))
-			h := startMerged(t, make(chan []string, 10), newStaticProvider([]string{"10.0.0.1:6443"}), kube)
+			h := startMerged(t, []string{"10.0.0.1:6443"}, nil, kube)
 			synctest.Wait()
 			if got := firingSeries(t, expr, h.reg); len(got) != 0 {
 				t.Errorf("while it runs, %s holds for %v; want nothing", expr, got)

@@ -205,13 +205,7 @@ func (p *proxy) acceptStalledFor() time.Duration {
 func (p *proxy) handle(ctx context.Context, client net.Conn) {
 	defer func() { <-p.slots }()
 	defer client.Close()
-	// The one setting an accepted socket does not get from the listener;
-	// best effort: keepalive still applies.
-	if tc, ok := client.(*net.TCPConn); ok {
-		if rc, err := tc.SyscallConn(); err == nil {
-			_ = setUserTimeout(rc, tcpUserTimeout)
-		}
-	}
+	prepareClient(client)
 	pc := &proxyConn{client: client}
 	u, err := p.connect(ctx, pc)
 	if err != nil {
@@ -227,6 +221,17 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 	p.m.connectionsActive.Inc()
 	defer p.m.connectionsActive.Dec()
 	p.copyBoth(pc)
+}
+
+// prepareClient sets TCP_USER_TIMEOUT on an accepted client socket, the
+// one setting it does not get from the listener; best effort: keepalive
+// still applies.
+func prepareClient(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		if rc, err := tc.SyscallConn(); err == nil {
+			_ = setUserTimeout(rc, tcpUserTimeout)
+		}
+	}
 }
 
 // refused counts and logs a client that no upstream could be dialled for:

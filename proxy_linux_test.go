@@ -245,7 +245,7 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 	sw.px.pool.reportCheck(sw.u, checkResult{rtt: time.Millisecond})
 	check("after recovery", 30, 30000)
 	sw.px.pool.mu.Lock()
-	pending := sw.u.sweepDone != nil
+	pending := sw.u.sweep.pending()
 	sw.px.pool.mu.Unlock()
 	if pending {
 		t.Error("the sweep's look at stalled connections is still pending after recovery")
@@ -275,7 +275,7 @@ func TestSweepSparesLiveConnections(t *testing.T) {
 		t.Fatalf("idle connection after the sweep's look: %v", err)
 	}
 	pl.mu.Lock()
-	looked := sw.u.suspect && sw.u.sweepDone == nil
+	looked := sw.u.suspect && !sw.u.sweep.pending()
 	pl.mu.Unlock()
 	if !looked {
 		t.Error("the upstream's suspicion ended before the sweep looked at its connections")
@@ -687,7 +687,7 @@ func TestUserTimeoutRefusedDoesNotFailDials(t *testing.T) {
 	}
 	var ms int
 	_ = rc.Control(func(fd uintptr) { ms, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT) })
-	if want := int(normalSettings.userTimeout.Milliseconds()); ms != want {
+	if want := int(tcpUserTimeout.Milliseconds()); ms != want {
 		t.Errorf("TCP_USER_TIMEOUT %d ms; want %d", ms, want)
 	}
 	if logs.String() != "" {

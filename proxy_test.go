@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -446,7 +445,7 @@ func TestRefusedClientsAreCountedAndWarnedOfSparingly(t *testing.T) {
 			}
 		}
 		refuse(t.Context(), 3)
-		time.Sleep(refusedLogEvery / 2)
+		time.Sleep(warnEvery / 2)
 		refuse(t.Context(), 2)
 		if got := strings.Count(logs.String(), "level=WARN"); got != 1 {
 			t.Fatalf("warnings within a minute: got %d; want 1:\n%s", got, logs.String())
@@ -454,7 +453,7 @@ func TestRefusedClientsAreCountedAndWarnedOfSparingly(t *testing.T) {
 		if !strings.Contains(logs.String(), "refused=1 ") {
 			t.Errorf("first warning: got %q; want refused=1", logs.String())
 		}
-		time.Sleep(refusedLogEvery / 2)
+		time.Sleep(warnEvery / 2)
 		refuse(t.Context(), 1)
 		if got := logs.String(); strings.Count(got, "level=WARN") != 2 || !strings.Contains(got, "refused=5 ") {
 			t.Errorf("after a minute: got\n%s\nwant a second warning with the 5 refused since the first", got)
@@ -628,8 +627,8 @@ func TestConnLimit(t *testing.T) {
 		{1 << 20, (1<<20 - fdReserve) / fdsPerConn},
 	}
 	for _, tt := range tests {
-		if got := connLimit(tt.nofile); got != tt.want {
-			t.Errorf("connLimit(%d): got %d; want %d", tt.nofile, got, tt.want)
+		if got, by := maxConnections(tt.nofile, 0); got != tt.want || by != limitByFiles {
+			t.Errorf("maxConnections(%d, 0): got %d, %s; want %d, %s", tt.nofile, got, by, tt.want, limitByFiles)
 		}
 	}
 }
@@ -642,73 +641,6 @@ func TestIsLocalExhaustion(t *testing.T) {
 	if refused := errors.New("connection refused"); isLocalExhaustion(refused) {
 		t.Errorf("isLocalExhaustion(%v): got true; want false", refused)
 	}
-}
-
-// TestUnreachableFromHereKeepsLocalCause: EADDRNOTAVAIL for an address this
-// host can reach (a UDP connect to it works) is the local cause, out of
-// ephemeral ports, and stays exhaustion; other errors pass unchanged. The
-// other cause is TestIPv6UpstreamOnIPv4OnlyHost.
-func TestUnreachableFromHereKeepsLocalCause(t *testing.T) {
-	portsOut := fmt.Errorf("dial upstream x: %w", &net.OpError{Op: "dial", Net: "tcp",
-		Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 6443}, Err: os.NewSyscallError("connect", syscall.EADDRNOTAVAIL)})
-	refused := &net.OpError{Op: "dial", Net: "tcp", Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 6443},
-		Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
-	noAddr := os.NewSyscallError("connect", syscall.EADDRNOTAVAIL) // no address to try
-	for _, err := range []error{portsOut, refused, noAddr} {
-		if got := unreachableFromHere(t.Context(), err); got != err {
-			t.Errorf("unreachableFromHere(%v): got %v; want it unchanged", err, got)
-		}
-	}
-}
-
-// goroutineID returns the running goroutine's number, for tests that need
-// to tell whether two tasks ran on the same goroutine.
-func goroutineID() string {
-	buf := make([]byte, 64)
-	fields := bytes.Fields(buf[:runtime.Stack(buf, false)])
-	return string(fields[1]) // "goroutine 17 [running]:"
-}
-
-func TestWorkersReuseIdleOnesAndEnd(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		w := &workers{tasks: make(chan func()), quit: make(chan struct{})}
-		ran := make(chan string, 1)
-		record := func() { ran <- goroutineID() }
-
-		w.run(record)
-		first := <-ran
-		synctest.Wait() // the worker waits for its next task
-		w.run(record)
-		if again := <-ran; again != first {
-			t.Errorf("second task ran on goroutine %s; want the idle worker %s", again, first)
-		}
-
-		// While every worker is busy, a task gets a worker of its own.
-		release := make(chan struct{})
-		w.run(func() { <-release })
-		synctest.Wait()
-		w.run(record)
-		if other := <-ran; other == first {
-			t.Errorf("task ran on busy worker %s; want another", first)
-		}
-		close(release)
-
-		// Idle workers end after workerIdle.
-		start := time.Now()
-		w.wg.Wait()
-		if waited := time.Since(start); waited != workerIdle {
-			t.Errorf("workers ended %v after their last task; want %v", waited, workerIdle)
-		}
-
-		// stop ends an idle worker at once.
-		w.run(func() {})
-		synctest.Wait()
-		start = time.Now()
-		w.stop()
-		if waited := time.Since(start); waited != 0 {
-			t.Errorf("stop took %v; want no wait", waited)
-		}
-	})
 }
 
 // TestHedgeFollowsFailedDial: the first dial fails after the hedge delay,
@@ -889,7 +821,7 @@ func TestLastResortFailureCountedWhileUpstreamsAvailable(t *testing.T) {
 // waitThen returns a dial step that waits d, or until ctx is done.
 func waitThen(d time.Duration) func(context.Context) error {
 	return func(ctx context.Context) error {
-		if !sleepCtx(ctx, d) {
+		if !await(ctx, d, nil) {
 			return ctx.Err()
 		}
 		return nil
@@ -906,77 +838,6 @@ func outOfDescriptors(context.Context) error {
 func hang(ctx context.Context) error {
 	<-ctx.Done()
 	return ctx.Err()
-}
-
-// TestDialPatientlyWaitsForDescriptors: dials that fail for want of
-// descriptors are retried for up to the dial timeout; the dial that gets
-// its sockets has a timeout of its own, and its failure is the upstream's.
-func TestDialPatientlyWaitsForDescriptors(t *testing.T) {
-	const timeout = 2 * time.Second
-	tests := []struct {
-		name           string
-		exhausted      time.Duration // dials fail with EMFILE until then
-		then           func(context.Context) (net.Conn, error)
-		wantTookAtMost time.Duration // and at least this less localRetryDelay
-		wantConn       bool
-		wantExhaustion bool // the error is the exhaustion, not the upstream's
-	}{
-		{"connects once descriptors free up", 300 * time.Millisecond, pipeDial, 300 * time.Millisecond, true, false},
-		{"hangs after a long exhaustion", 1900 * time.Millisecond, hangDial, 1900*time.Millisecond + timeout, false, false},
-		{"exhausted throughout", time.Hour, pipeDial, timeout + localRetryDelay, false, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				start := time.Now()
-				p := &proxy{dialTimeout: timeout, dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-					if time.Since(start) < tt.exhausted {
-						return nil, &net.OpError{Op: "dial", Err: os.NewSyscallError("socket", errEMFILE())}
-					}
-					return tt.then(ctx)
-				}}
-				c, err := p.dialPatiently(t.Context(), "10.0.0.1:6443")
-				if took := time.Since(start); took > tt.wantTookAtMost || took < tt.wantTookAtMost-localRetryDelay {
-					t.Errorf("dial took %v; want %v or up to %v less", took, tt.wantTookAtMost, localRetryDelay)
-				}
-				if (c != nil) != tt.wantConn || (err == nil) != tt.wantConn {
-					t.Errorf("dial: got %v, %v; want a connection: %v", c, err, tt.wantConn)
-				}
-				if err != nil && isLocalExhaustion(err) != tt.wantExhaustion {
-					t.Errorf("dial error %v: got exhaustion %v; want %v", err, isLocalExhaustion(err), tt.wantExhaustion)
-				}
-				if c != nil {
-					_ = c.Close()
-				}
-			})
-		})
-	}
-}
-
-// pipeDial connects at once, to an in-memory peer.
-func pipeDial(context.Context) (net.Conn, error) {
-	c, peer := net.Pipe()
-	_ = peer.Close()
-	return c, nil
-}
-
-// hangDial hangs until ctx is done, like a dial to a black hole.
-func hangDial(ctx context.Context) (net.Conn, error) {
-	return nil, hang(ctx)
-}
-
-func TestNextAcceptBackoff(t *testing.T) {
-	want := []time.Duration{
-		5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond,
-		80 * time.Millisecond, 160 * time.Millisecond, 320 * time.Millisecond, 640 * time.Millisecond,
-		time.Second, time.Second,
-	}
-	var b time.Duration
-	for i, w := range want {
-		if b = nextAcceptBackoff(b); b != w {
-			t.Fatalf("backoff after %d failures: got %v; want %v", i+1, b, w)
-		}
-	}
 }
 
 // TestServeBacksOffFailingAccepts: the accept loop waits between failing
@@ -1013,58 +874,6 @@ func TestServeBacksOffFailingAccepts(t *testing.T) {
 	})
 }
 
-// TestConnectionLimitIsLogged: being at the connection limit is logged
-// with the limit, at once and every minute while it lasts but not more
-// often, and so is getting below it again after a logged wait.
-func TestConnectionLimitIsLogged(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		logs := &syncBuffer{}
-		log := slog.New(slog.NewTextHandler(logs, nil))
-		px := newProxy(log, newMetrics(prometheus.NewRegistry()), nil, time.Second, 1)
-		if got := testutil.ToFloat64(px.m.connLimit); got != 1 {
-			t.Errorf("connection_limit: got %v; want 1", got)
-		}
-		var logged time.Time
-		// atLimitFor fills the one slot, lets takeSlot wait for d, then
-		// frees the slot and gives back what takeSlot took.
-		atLimitFor := func(d time.Duration) {
-			px.slots <- struct{}{}
-			took := make(chan bool, 1)
-			go func() { took <- px.takeSlot(t.Context(), &logged) }()
-			time.Sleep(d)
-			synctest.Wait()
-			<-px.slots
-			if !<-took {
-				t.Fatal("takeSlot: got false; want a slot once one was free")
-			}
-			<-px.slots
-		}
-		const at, below = `msg="at the connection limit`, `msg="below the connection limit again" limit=1`
-		count := func(s string) int { return strings.Count(logs.String(), s) }
-		atLimitFor(0)
-		if count(at) != 1 || count(below) != 1 || !strings.Contains(logs.String(), "limit=1") {
-			t.Fatalf("log at the limit: got\n%s\nwant the limit reached and left, with the limit", logs.String())
-		}
-		time.Sleep(30 * time.Second)
-		atLimitFor(0) // again within the minute: quiet
-		if count(at) != 1 || count(below) != 1 {
-			t.Errorf("at the limit again within a minute: got\n%s\nwant no new lines", logs.String())
-		}
-		// At the limit for 2 minutes, starting 30 s after the first line:
-		// logged 30 s and 90 s into the wait, then its end.
-		atLimitFor(2 * time.Minute)
-		if count(at) != 3 || count(below) != 2 {
-			t.Errorf("at the limit for 2 minutes: got\n%s\nwant 2 more lines about it and its end", logs.String())
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		px.slots <- struct{}{}
-		cancel()
-		if px.takeSlot(ctx, &logged) {
-			t.Error("takeSlot at the limit after cancellation: got true; want false")
-		}
-	})
-}
-
 func TestMaxConnections(t *testing.T) {
 	tests := []struct {
 		nofile, memory uint64
@@ -1084,4 +893,51 @@ func TestMaxConnections(t *testing.T) {
 			t.Errorf("maxConnections(%d, %d): got %d by %s; want %d by %s", tt.nofile, tt.memory, got, by, tt.want, tt.by)
 		}
 	}
+}
+
+// TestConnectionLimitIsLogged: being at the connection limit is logged with
+// the limit at once, and then at most once a minute, so connections coming
+// and going at the limit do not flood the log.
+func TestConnectionLimitIsLogged(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		logs := &syncBuffer{}
+		px := newProxy(slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), nil, time.Second, 1)
+		if got := testutil.ToFloat64(px.m.connLimit); got != 1 {
+			t.Errorf("connection_limit: got %v; want 1", got)
+		}
+		// atLimit fills the one slot, lets takeSlot wait, then frees the
+		// slot and gives back what takeSlot took.
+		atLimit := func() {
+			px.slots <- struct{}{}
+			took := make(chan bool, 1)
+			go func() { took <- px.takeSlot(t.Context()) }()
+			synctest.Wait()
+			<-px.slots
+			if !<-took {
+				t.Fatal("takeSlot: got false; want a slot once one was free")
+			}
+			<-px.slots
+		}
+		const at = `msg="at the connection limit`
+		atLimit()
+		if got := logs.String(); strings.Count(got, at) != 1 || !strings.Contains(got, "limit=1") {
+			t.Fatalf("log at the limit: got\n%s\nwant one line with the limit", got)
+		}
+		time.Sleep(30 * time.Second)
+		atLimit() // again within the minute: quiet
+		if got := strings.Count(logs.String(), at); got != 1 {
+			t.Errorf("at the limit again within a minute: got %d lines; want 1", got)
+		}
+		time.Sleep(time.Minute)
+		atLimit()
+		if got := strings.Count(logs.String(), at); got != 2 {
+			t.Errorf("at the limit after a minute: got %d lines; want 2", got)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		px.slots <- struct{}{}
+		cancel()
+		if px.takeSlot(ctx) {
+			t.Error("takeSlot at the limit after cancellation: got true; want false")
+		}
+	})
 }

@@ -748,7 +748,7 @@ func rzReadyGauge(t *testing.T, px *testProxy, addr string) (float64, bool) {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != metricNamespace+"_upstream_ready" {
+		if mf.GetName() != "extractedprism_upstream_ready" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {

@@ -209,7 +209,7 @@ func TestKubeWatcherBacksOffFailedWatchCalls(t *testing.T) {
 	w := newKubeWatcher(c, testLogger(t), m, func() float64 { return 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
 	defer cancel()
-	_ = w.run(ctx, make(chan []string, 10))
+	_ = w.run(ctx, func([]string) {})
 	if n := lists.Load(); n != 1 {
 		t.Errorf("%d list requests; want 1", n)
 	}
@@ -322,7 +322,7 @@ func TestKubeWatcherLostHTTP2ConnectionIsNoError(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := make(chan []string, 10)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = w.run(ctx, out) }()
+	go func() { defer close(done); _ = w.run(ctx, func(l []string) { out <- l }) }()
 	defer func() { cancel(); <-done }()
 
 	receive(t, out, "the listed endpoints")

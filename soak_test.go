@@ -626,7 +626,7 @@ func TestSoak(t *testing.T) {
 		defer r.pool.mu.Unlock()
 		n := 0
 		for _, u := range r.pool.upstreams {
-			if u.ready && u.healthy {
+			if u.rd.ready && u.healthy {
 				n++
 			}
 		}
@@ -683,7 +683,7 @@ func TestSoak(t *testing.T) {
 			return false
 		}
 		for _, u := range r.pool.upstreams {
-			if u.draining || !u.ready || !u.healthy {
+			if u.draining || !u.rd.ready || !u.healthy {
 				return false
 			}
 		}

@@ -79,7 +79,15 @@ func queued(c net.Conn) bool {
 // 0 if c is not retransmitting.
 func stalledFor(c net.Conn) time.Duration {
 	ti, ok := tcpInfo(c)
-	if !ok || ti.State == unix.BPF_TCP_CLOSE || ti.Unacked == 0 || ti.Backoff == 0 {
+	if !ok {
+		return 0
+	}
+	return stalledInfo(ti)
+}
+
+// stalledInfo is stalledFor from a socket's TCP_INFO.
+func stalledInfo(ti *unix.TCPInfo) time.Duration {
+	if ti.State == unix.BPF_TCP_CLOSE || ti.Unacked == 0 || ti.Backoff == 0 {
 		return 0
 	}
 	return time.Duration(ti.Last_ack_recv) * time.Millisecond

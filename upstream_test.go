@@ -523,7 +523,7 @@ func TestQuickRecheckConfirmsNotReadyInSeconds(t *testing.T) {
 		time.Sleep(time.Second)
 		synctest.Wait()
 		tp.mu.Lock()
-		ready := tp.upstreams[a].ready
+		ready := tp.upstreams[a].rd.ready
 		tp.mu.Unlock()
 		at := tp.checks.times(a)
 		if ready || len(at) != 3 || at[2].Sub(at[1]) != time.Second {
@@ -608,7 +608,7 @@ func TestReadinessStateMachine(t *testing.T) {
 		tp.update([]string{a})
 		u := tp.upstream(a)
 		tp.mu.Lock()
-		ready, pending := u.ready, u.readyPending
+		ready, pending := u.rd.ready, u.rd.pending
 		tp.mu.Unlock()
 		// The first probe runs at once and may already have failed, which
 		// clears pending; either way a new upstream is not ready.
@@ -648,7 +648,7 @@ func TestReadinessStateMachine(t *testing.T) {
 			time.Sleep(20 * time.Second)
 			synctest.Wait()
 			tp.mu.Lock()
-			ready, pending := u.ready, u.readyPending
+			ready, pending := u.rd.ready, u.rd.pending
 			tp.mu.Unlock()
 			if ready != s.want || pending != s.pending {
 				t.Errorf("step %d: ready=%v pending=%v; want %v, %v", i, ready, pending, s.want, s.pending)
@@ -707,7 +707,7 @@ func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
 		}
 		uc := tp.upstream(c)
 		tp.mu.Lock()
-		evicting := uc.evictDone != nil || uc.evicted
+		evicting := uc.evict.pending() || uc.evicted
 		tp.mu.Unlock()
 		if !evicting {
 			t.Error("c's connections: eviction called off by a's one failed connect; want it to go on")
@@ -820,7 +820,7 @@ func TestEvictionCalledOff(t *testing.T) {
 				time.Sleep(70 * time.Second) // past 100 s
 				synctest.Wait()
 				tp.mu.Lock()
-				pending := tp.upstreams["10.0.0.1:6443"].evictDone != nil
+				pending := tp.upstreams["10.0.0.1:6443"].evict.pending()
 				tp.mu.Unlock()
 				if pending {
 					t.Error("eviction still pending after it was called off")
@@ -858,7 +858,7 @@ func TestPendingUpstreamKeepsConnections(t *testing.T) {
 		time.Sleep(40 * time.Second)
 		synctest.Wait()
 		tp.mu.Lock()
-		pending := tp.upstreams["10.0.0.1:6443"].readyPending
+		pending := tp.upstreams["10.0.0.1:6443"].rd.pending
 		tp.mu.Unlock()
 		if !pending {
 			t.Fatal("readiness not pending after two failed connects")
@@ -890,7 +890,7 @@ func TestFailedDialsResetReadiness(t *testing.T) {
 		tp.reportDial(u, errCheck)
 		synctest.Wait()
 		tp.mu.Lock()
-		healthy, ready, pending := u.healthy, u.ready, u.readyPending
+		healthy, ready, pending := u.healthy, u.rd.ready, u.rd.pending
 		tp.mu.Unlock()
 		if healthy || ready || !pending {
 			t.Errorf("after two failed dials: healthy=%v ready=%v pending=%v; want unhealthy, not ready, pending", healthy, ready, pending)
@@ -918,7 +918,7 @@ func TestOneFailedCheckKeepsEvictionGoing(t *testing.T) {
 		synctest.Wait()
 		tp.checks.set(b, false)
 		tp.mu.Lock()
-		bReady, aPending := tp.upstreams[b].ready, tp.upstreams[a].evictDone != nil
+		bReady, aPending := tp.upstreams[b].rd.ready, tp.upstreams[a].evict.pending()
 		tp.mu.Unlock()
 		if !bReady || !aPending {
 			t.Fatalf("after one failed check of b: b ready=%v, a's closing pending=%v; want both", bReady, aPending)
