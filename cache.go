@@ -57,15 +57,12 @@ func (c *endpointCache) load() ([]string, error) {
 	if len(f.Endpoints) > maxDiscoveredEndpoints {
 		return nil, fmt.Errorf("endpoint cache %s: %d endpoints, more than discovery ever keeps (%d)", c.path, len(f.Endpoints), maxDiscoveredEndpoints)
 	}
-	eps := make([]string, 0, len(f.Endpoints))
-	for _, e := range f.Endpoints {
-		n, err := cachedEndpoint(e)
-		if err != nil {
+	for i, e := range f.Endpoints {
+		if f.Endpoints[i], err = cachedEndpoint(e); err != nil {
 			return nil, fmt.Errorf("endpoint cache %s: %w", c.path, err)
 		}
-		eps = append(eps, n)
 	}
-	return eps, nil
+	return f.Endpoints, nil
 }
 
 // maxCacheBytes bounds the endpoint cache file: maxDiscoveredEndpoints
@@ -106,51 +103,36 @@ func cachedEndpoint(e string) (string, error) {
 	return n, nil
 }
 
-// store writes endpoints atomically: a temporary file in the same directory,
-// fsynced, renamed over the cache, and the directory fsynced, so a crash at
-// any point leaves either the old cache or the new one, never a torn file.
+// store writes endpoints atomically: a temporary file in the same
+// directory, written and fsynced, then renamed over the cache, so a crash at
+// any point leaves the old cache or the new one, never a torn file. (The
+// directory is not fsynced: a rename lost in a crash leaves the old list,
+// which the next change writes again.)
 func (c *endpointCache) store(endpoints []string) error {
 	b, err := json.Marshal(cacheFile{Version: cacheVersion, Written: time.Now().UTC(), Endpoints: endpoints})
 	if err != nil {
 		return fmt.Errorf("encode endpoint cache: %w", err)
 	}
-	dir := filepath.Dir(c.path)
-	tmp, err := os.CreateTemp(dir, filepath.Base(c.path)+".tmp*")
+	tmp, err := os.CreateTemp(filepath.Dir(c.path), filepath.Base(c.path)+".tmp*")
 	if err != nil {
 		return fmt.Errorf("write endpoint cache: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("write endpoint cache: %w", err)
+	_, err = tmp.Write(append(b, '\n'))
+	if err == nil {
+		err = tmp.Sync()
 	}
-	if err := tmp.Sync(); err != nil {
-		_ = tmp.Close()
-		return fmt.Errorf("sync endpoint cache: %w", err)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
 	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write endpoint cache: %w", err)
+	if err == nil {
+		err = os.Rename(tmp.Name(), c.path)
 	}
-	if err := os.Rename(tmp.Name(), c.path); err != nil { //nolint:gosec // the operator names this file
-		return fmt.Errorf("replace endpoint cache: %w", err)
-	}
-	return syncDir(dir)
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir) //nolint:gosec // the directory of the operator-named cache file
 	if err != nil {
-		return fmt.Errorf("sync endpoint cache directory: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync endpoint cache directory: %w", err)
+		return fmt.Errorf("write endpoint cache: %w", err)
 	}
 	return nil
 }
-
-// cacheProvider offers the cached list as the lowest-priority source: the
 
 // loadCache reads the cache for the daemon's start. A corrupt or unreadable
 // cache is logged and ignored, never fatal: the daemon then starts on its

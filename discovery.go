@@ -540,7 +540,7 @@ func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 func (w *kubeWatcher) backOff(ctx context.Context) bool {
 	d := w.backoff.delay()
 	w.log.Info("backing off before the next endpointslice watch", "delay", d)
-	return await(ctx, d, nil)
+	return await(ctx.Done(), d)
 }
 
 // listUntilDone lists the slices, retrying with the backoff until a List
@@ -559,7 +559,7 @@ func (w *kubeWatcher) listUntilDone(ctx context.Context) bool {
 		w.errors.Inc()
 		d := w.backoff.delay()
 		w.log.Warn("endpointslice list failed", "err", err, "retry_in", d)
-		if !await(ctx, d, nil) {
+		if !await(ctx.Done(), d) {
 			return false
 		}
 	}
@@ -844,4 +844,3 @@ func slicePort(ports []discoveryv1.EndpointPort) (string, bool) {
 	}
 	return "", false
 }
-

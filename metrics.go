@@ -10,35 +10,29 @@ import (
 // registry (never the global one), so tests can run many daemons at once
 // and read exact values.
 type metrics struct {
-	upstreamsActive   prometheus.Gauge
-	upstreamsTotal    prometheus.Gauge
-	connectionsActive prometheus.Gauge
-	connectionsTotal  prometheus.Counter
-	connectionErrors  *prometheus.CounterVec // upstream
-	discoveryUpdates  *prometheus.CounterVec // provider
-	discoveryErrors   *prometheus.CounterVec // provider
-	upstreamRTT       *prometheus.GaugeVec   // upstream; latency selection only
-	upstreamTier      *prometheus.GaugeVec   // upstream; latency selection only
-	upstreamReady     *prometheus.GaugeVec   // upstream; readyz health check only
-	healthStatus      *prometheus.GaugeVec   // upstream
+	upstreamsActive, upstreamsTotal, connectionsActive prometheus.Gauge
+	connectionsTotal                                   prometheus.Counter
+	// By upstream: connectionErrors; by provider: discoveryUpdates and
+	// discoveryErrors.
+	connectionErrors, discoveryUpdates, discoveryErrors *prometheus.CounterVec
+	// By upstream; upstreamRTT and upstreamTier with latency selection,
+	// upstreamReady with readyz checks only.
+	upstreamRTT, upstreamTier, upstreamReady, healthStatus *prometheus.GaugeVec
 
 	// Beyond the spec.
-	hedgedDials       prometheus.Counter
-	hedgedWins        prometheus.Counter
-	deadConnsClosed   prometheus.Counter
-	clientsRefused    prometheus.Counter
-	connLimit         prometheus.Gauge
-	dialSeconds       *prometheus.HistogramVec // upstream
-	upstreamConns     *prometheus.GaugeVec     // upstream
-	drains            prometheus.Gauge
-	buildInfo         *prometheus.GaugeVec   // version, revision, goversion
-	discoveryRunning  *prometheus.GaugeVec   // provider
-	healthConnsClosed *prometheus.CounterVec // reason: reasonWaiting or reasonNew
+	hedgedDials, hedgedWins, deadConnsClosed, clientsRefused prometheus.Counter
+	connLimit, drains                                        prometheus.Gauge
+	dialSeconds                                              *prometheus.HistogramVec // upstream
+	upstreamConns                                            *prometheus.GaugeVec     // upstream
+	buildInfo                                                *prometheus.GaugeVec     // version, revision, goversion
+	discoveryRunning                                         *prometheus.GaugeVec     // provider
+	healthConnsClosed                                        *prometheus.CounterVec   // reason: reasonWaiting or reasonNew
 }
 
 const (
-	labelUpstream = "upstream"
-	labelProvider = "provider"
+	metricNamespace = "extractedprism"
+	labelUpstream   = "upstream"
+	labelProvider   = "provider"
 
 	// The reasons of healthConnsClosed: a connection outside a request
 	// closed to make room for a new one, or the new one, closed because
@@ -48,19 +42,19 @@ const (
 )
 
 func gauge(name, help string) prometheus.Gauge {
-	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "extractedprism", Name: name, Help: help})
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: metricNamespace, Name: name, Help: help})
 }
 
 func counter(name, help string) prometheus.Counter {
-	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "extractedprism", Name: name, Help: help})
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: metricNamespace, Name: name, Help: help})
 }
 
 func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
-	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "extractedprism", Name: name, Help: help}, labels)
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: metricNamespace, Name: name, Help: help}, labels)
 }
 
 func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "extractedprism", Name: name, Help: help}, labels)
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: metricNamespace, Name: name, Help: help}, labels)
 }
 
 // newMetrics creates the metric set and registers it on reg.
@@ -92,7 +86,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		// Go service chart. Their twins in prometheus/collectors would
 		// link database/sql into the binary.
 		prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}), //nolint:staticcheck // see above
-		prometheus.NewGoCollector(), //nolint:staticcheck // see above
+		prometheus.NewGoCollector(),                                       //nolint:staticcheck // see above
 	)
 	version, revision := versionInfo()
 	m.buildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
@@ -110,7 +104,7 @@ func (m *metrics) addBeyondSpec() {
 	m.connLimit = gauge("connection_limit",
 		"Most client connections proxied at once, from the open-files limit and the cgroup's memory limit; beyond it new clients wait in the listen backlog.")
 	m.dialSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "extractedprism", Name: "upstream_dial_duration_seconds",
+		Namespace: metricNamespace, Name: "upstream_dial_duration_seconds",
 		Help:    "Time to connect to an upstream for a client connection, successful dials only.",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{labelUpstream})
@@ -147,7 +141,7 @@ func (m *metrics) discoveryNotStarted(name string) {
 // forgetUpstream deletes every per-upstream series of addr, once it has
 // drained and left the pool, as the spec requires.
 func (m *metrics) forgetUpstream(addr string) {
-	for _, v := range []interface{ DeleteLabelValues(...string) bool }{
+	for _, v := range []interface{ DeleteLabelValues(labels ...string) bool }{
 		m.connectionErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus, m.dialSeconds, m.upstreamConns,
 	} {
 		v.DeleteLabelValues(addr)

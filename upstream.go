@@ -150,7 +150,7 @@ func (p *pool) unlock() {
 	p.notes = nil
 	p.mu.Unlock()
 	for _, n := range notes {
-		n.log.Log(context.Background(), n.level, n.msg, n.args...)
+		n.log.Log(p.ctx, n.level, n.msg, n.args...)
 	}
 }
 
@@ -164,6 +164,9 @@ func (d *deadline) pending() bool { return d.t != nil }
 // until it has run or been called off, so close waits for a running one.
 func (p *pool) arm(d *deadline, delay time.Duration, fn func()) {
 	p.stop(d)
+	if p.closed {
+		return // close has stopped the others and may be waiting already
+	}
 	p.wg.Add(1)
 	var t *time.Timer
 	t = time.AfterFunc(delay, func() {
@@ -332,14 +335,6 @@ func (p *pool) reportDial(u *upstream, err error) {
 	if !u.removed && !u.draining && p.applyLocked(u, checkResult{err: err}) {
 		p.publishLocked()
 	}
-	p.confirmLocked(u)
-}
-
-// confirmSlow asks for a check of u now, after a dial to it was called off
-// slow, while u is included.
-func (p *pool) confirmSlow(u *upstream) {
-	p.mu.Lock()
-	defer p.unlock()
 	p.confirmLocked(u)
 }
 
