@@ -1051,6 +1051,9 @@ func TestReadyzFallbackToTCPHealthy(t *testing.T) {
 	}
 }
 
+// The closing called off, and closing at once with --drain-timeout 0, are
+// the pool's decisions alone: TestEvictionCalledOff and
+// TestEvictionDrainZeroClosesAtOnce cover them on the bubble's clock.
 func TestReadyzUnreadyConnectionsClosedAfterDrainTimeout(t *testing.T) {
 	const drain = time.Second
 	r := rzStartRig(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true})
@@ -1075,62 +1078,6 @@ func TestReadyzUnreadyConnectionsClosedAfterDrainTimeout(t *testing.T) {
 	if got := rzSpread(t, rzClient(t, r.px.addr, r.pki.ca.pool), 10); got["B"] != 10 {
 		t.Errorf("reconnections: got %v; want all on B", got)
 	}
-}
-
-// wantAKeptPastDrain checks that the connection to A, not ready since
-// notReady, is still open and working past the drain timeout; why says
-// why it must be.
-func (r *rzRig) wantAKeptPastDrain(t *testing.T, notReady time.Time, drain time.Duration, why string) {
-	t.Helper()
-	if at, ok := r.onA.closedBy(notReady.Add(drain + 2*rzInterval + 300*time.Millisecond)); ok {
-		t.Fatalf("connection to A closed %v after A turned not ready, although %s", at.Sub(notReady), why)
-	}
-	rzWantAlive(t, r.onA, "connection to A past the drain timeout", "A")
-}
-
-func TestReadyzClosingCalledOffWhenReadyAgain(t *testing.T) {
-	// Long enough for the change below to land well before it, even on a
-	// slow machine.
-	const drain = 2 * time.Second
-	r := rzStartRig(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true})
-	_, notReady := r.unreadyA(t)
-	r.a.status.Store(http.StatusOK)
-	rzWaitReady(t, r.px, r.a.addr, 1)
-	if d := time.Since(notReady); d > drain-200*time.Millisecond {
-		t.Fatalf("A took %v to turn ready again; the test needs that well before the drain timeout (%v)", d, drain)
-	}
-	r.wantAKeptPastDrain(t, notReady, drain, "A turned ready again before the drain timeout")
-}
-
-func TestReadyzClosingCalledOffWhenNoOtherReady(t *testing.T) {
-	// Long enough for the change below to land well before it, even on a
-	// slow machine.
-	const drain = 2 * time.Second
-	r := rzStartRig(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true})
-	_, notReady := r.unreadyA(t)
-	r.b.status.Store(http.StatusInternalServerError)
-	rzWaitReady(t, r.px, r.b.addr, 0)
-	if d := time.Since(notReady); d > drain-200*time.Millisecond {
-		t.Fatalf("B took until %v after A to turn not ready; the test needs that well before the drain timeout (%v)", d, drain)
-	}
-	r.wantAKeptPastDrain(t, notReady, drain, "no other upstream was ready at the drain timeout")
-	rzWantAlive(t, r.onB, "connection to B with no upstream ready", "B")
-	if _, err := rzWhoami(rzClient(t, r.px.addr, r.pki.ca.pool)); err != nil {
-		t.Errorf("new connection with no upstream ready: %v", err)
-	}
-}
-
-func TestReadyzDrainZeroClosesAtOnce(t *testing.T) {
-	// A longer interval than the other tests, so closing at once is told
-	// apart from closing at the next probe.
-	const interval = 500 * time.Millisecond
-	r := rzStartRig(t, poolConfig{interval: interval, timeout: rzTimeout, drainTimeout: 0, readyz: true})
-	_, notReady := r.unreadyA(t)
-	if _, ok := r.onA.closedBy(notReady.Add(250 * time.Millisecond)); !ok {
-		t.Fatalf("connection to A still open %v after A turned not ready with drain timeout 0; want it closed at once",
-			time.Since(notReady))
-	}
-	rzWantAlive(t, r.onB, "connection to B", "B")
 }
 
 // rzEvicted reports whether the closing of addr's connections has fired

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 )
@@ -152,5 +153,88 @@ func TestNextRTTFollowsLastingIncrease(t *testing.T) {
 	}
 	if avg < 90*ms {
 		t.Errorf("average after 15 checks at 100ms: got %v; want >= 90ms", avg)
+	}
+}
+
+func TestPickFromTakesFirstGroupWithAnUntriedMember(t *testing.T) {
+	a, b, c := &upstream{addr: "a"}, &upstream{addr: "b"}, &upstream{addr: "c"}
+	groups := [][]*upstream{{a, b}, {c}}
+	tests := []struct {
+		name  string
+		tried []*upstream
+		want  []*upstream // any of these
+	}{
+		{"nothing tried: the first group", nil, []*upstream{a, b}},
+		{"one tried: the other of its group", []*upstream{a}, []*upstream{b}},
+		{"first group tried: the next group", []*upstream{b, a}, []*upstream{c}},
+		{"all tried", []*upstream{a, b, c}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for range 100 {
+				got := pickFrom(groups, tt.tried)
+				if (got == nil) != (tt.want == nil) || got != nil && !slices.Contains(tt.want, got) {
+					t.Fatalf("got %s; want one of %s", addrsOf(got), addrsOf(tt.want...))
+				}
+			}
+		})
+	}
+	if got := pickFrom(nil, nil); got != nil {
+		t.Errorf("pick from no groups: got %s; want nil", addrsOf(got))
+	}
+}
+
+// addrsOf names upstreams for a test message, nil as "nil".
+func addrsOf(us ...*upstream) []string {
+	names := []string{}
+	for _, u := range us {
+		if u == nil {
+			names = append(names, "nil")
+		} else {
+			names = append(names, u.addr)
+		}
+	}
+	return names
+}
+
+// pickRandom samples a reservoir of one: each untried candidate must end up
+// picked with the same chance wherever it stands, tried ones never, and
+// with nothing allocated, since every new connection calls it.
+func TestPickRandomIsUniformAmongUntried(t *testing.T) {
+	ups := make([]*upstream, 6)
+	for i := range ups {
+		ups[i] = &upstream{addr: fmt.Sprint(i)}
+	}
+	// Tried at both ends and in the middle, and one not a candidate at all.
+	tried := []*upstream{ups[0], ups[3], ups[5], {addr: "elsewhere"}}
+	untried := []*upstream{ups[1], ups[2], ups[4]}
+	const n = 30000
+	got := map[*upstream]int{}
+	for range n {
+		got[pickRandom(ups, tried)]++
+	}
+	// n/3 each, with a standard deviation of about 82: 500 off is six of
+	// them, while a skewed pick is thousands off.
+	for _, u := range untried {
+		if c := got[u]; c < n/3-500 || c > n/3+500 {
+			t.Errorf("picks of untried %s: got %d of %d; want %d ± 500", u.addr, c, n, n/3)
+		}
+	}
+	for _, u := range tried {
+		if c := got[u]; c != 0 {
+			t.Errorf("picks of tried %s: got %d; want 0", u.addr, c)
+		}
+	}
+	if c := got[nil]; c != 0 {
+		t.Errorf("nil picks with untried candidates: got %d; want 0", c)
+	}
+	if u := pickRandom(ups, ups); u != nil {
+		t.Errorf("pick with every candidate tried: got %s; want nil", u.addr)
+	}
+	if u := pickRandom(nil, nil); u != nil {
+		t.Errorf("pick from no candidates: got %s; want nil", u.addr)
+	}
+	if allocs := testing.AllocsPerRun(1000, func() { _ = pickRandom(ups, tried) }); allocs != 0 {
+		t.Errorf("allocations per pick: got %v; want 0", allocs)
 	}
 }

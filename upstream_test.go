@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -252,35 +253,312 @@ func isClosed(c net.Conn) bool {
 	return err != nil && !errors.Is(err, errTimeout(err))
 }
 
-func TestDrainClosesAfterTimeout(t *testing.T) {
+// lockCheckConn is the client socket of a proxyConn over pipes; it records
+// whether the pool's lock was held when the pool closed it.
+type lockCheckConn struct {
+	net.Conn
+	p      *pool
+	closed atomic.Bool
+	locked atomic.Bool
+}
+
+func (c *lockCheckConn) Close() error {
+	if c.p.mu.TryLock() {
+		c.p.mu.Unlock()
+	} else {
+		c.locked.Store(true)
+	}
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+// attachLockChecked attaches a connection to u whose close records whether
+// the pool's lock was held.
+func (tp *testPool) attachLockChecked(t *testing.T, u *upstream) *lockCheckConn {
+	t.Helper()
+	pc, _, _ := pipeConn()
+	c := &lockCheckConn{Conn: pc.client, p: tp.pool}
+	pc.client = c
+	if !tp.connected(u, pc) {
+		t.Fatalf("connected to %s failed", u.addr)
+	}
+	return c
+}
+
+// wantClosedUnderLock fails the test unless the pool closed c, holding its
+// lock: a deadline's action runs under it.
+func wantClosedUnderLock(t *testing.T, what string, c *lockCheckConn) {
+	t.Helper()
+	if closed, locked := c.closed.Load(), c.locked.Load(); !closed || !locked {
+		t.Errorf("%s: closed=%v with the pool's lock held=%v; want both", what, closed, locked)
+	}
+}
+
+// quietPool is newTestPool whose checks of addrs hang for an hour, so that
+// only what the test reports moves their state.
+func quietPool(cfg poolConfig, addrs ...string) *testPool {
+	cfg.interval, cfg.timeout = time.Hour, time.Hour
+	tp := newTestPool(cfg)
+	for _, addr := range addrs {
+		tp.checks.block[addr] = true
+	}
+	return tp
+}
+
+// pendingOf reports whether the deadline d of an upstream of tp is pending.
+func (tp *testPool) pendingOf(d *deadline) bool {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return d.pending()
+}
+
+// TestDeadlineRunsAfterDelayWithLockHeld covers the one mechanism behind
+// the drain, the eviction and the sweep: arm runs its action once, after
+// the delay and not before, holding the pool's lock; arming again replaces
+// the pending one, and stop calls it off.
+func TestDeadlineRunsAfterDelayWithLockHeld(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp := newTestPool(defaultTestPool)
 		defer tp.close()
-		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
+		type run struct {
+			At     time.Duration // since start
+			Locked bool          // the pool's lock was held
+		}
+		var d deadline
+		var runs []run // guarded by tp.mu
+		start := time.Now()
+		arm := func(delay time.Duration) {
+			tp.mu.Lock()
+			defer tp.unlock()
+			tp.arm(&d, delay, func() {
+				locked := !tp.mu.TryLock()
+				if !locked {
+					tp.mu.Unlock()
+				}
+				runs = append(runs, run{time.Since(start), locked})
+			})
+		}
+		want := func(step string, wantRuns []run, wantPending bool) {
+			t.Helper()
+			synctest.Wait()
+			tp.mu.Lock()
+			got, pending := slices.Clone(runs), d.pending()
+			tp.mu.Unlock()
+			if !slices.Equal(got, wantRuns) || pending != wantPending {
+				t.Errorf("%s: runs %v, pending %v; want %v, %v", step, got, pending, wantRuns, wantPending)
+			}
+		}
+		arm(10 * time.Second)
+		time.Sleep(10*time.Second - time.Nanosecond)
+		want("just before the delay", nil, true)
+		time.Sleep(time.Nanosecond)
+		want("at the delay", []run{{10 * time.Second, true}}, false)
+
+		arm(10 * time.Second)
+		time.Sleep(5 * time.Second)
+		arm(10 * time.Second) // at 15 s: due at 25 s, the first one never
+		time.Sleep(20 * time.Second)
+		want("armed twice", []run{{10 * time.Second, true}, {25 * time.Second, true}}, false)
+
+		arm(10 * time.Second)
+		tp.mu.Lock()
+		stopped, again := tp.stop(&d), tp.stop(&d)
+		tp.unlock()
+		if !stopped || again {
+			t.Errorf("stop of a pending deadline, then again: got %v, %v; want true, false", stopped, again)
+		}
+		time.Sleep(20 * time.Second)
+		want("stopped", []run{{10 * time.Second, true}, {25 * time.Second, true}}, false)
+	})
+}
+
+func TestDrainDeadline(t *testing.T) {
+	const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
+	drain := defaultTestPool.drainTimeout
+	t.Run("closes at the drain timeout", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tp := newTestPool(defaultTestPool)
+			defer tp.close()
+			tp.update([]string{a})
+			synctest.Wait()
+			u := tp.upstream(a)
+			held := tp.attachLockChecked(t, u)
+			tp.update([]string{b})
+			checksBefore := tp.checks.count(a)
+			time.Sleep(drain - time.Nanosecond)
+			synctest.Wait()
+			if held.closed.Load() || !tp.pendingOf(&u.drain) {
+				t.Fatalf("just before the drain timeout: closed=%v, drain pending=%v; want open and pending",
+					held.closed.Load(), tp.pendingOf(&u.drain))
+			}
+			if got := tp.checks.count(a); got != checksBefore {
+				t.Errorf("checks of a draining upstream: got %d more; want none", got-checksBefore)
+			}
+			time.Sleep(time.Nanosecond)
+			synctest.Wait()
+			wantClosedUnderLock(t, "connection at the drain timeout", held)
+			if tp.upstream(a) != nil {
+				t.Error("drained upstream still in the pool")
+			}
+		})
+	})
+	t.Run("called off by a re-add", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tp := newTestPool(defaultTestPool)
+			defer tp.close()
+			tp.update([]string{a, b})
+			synctest.Wait()
+			u := tp.upstream(a)
+			held := tp.attachLockChecked(t, u)
+			tp.update([]string{b})
+			time.Sleep(drain / 2)
+			tp.update([]string{a, b})
+			if tp.pendingOf(&u.drain) {
+				t.Error("drain still pending after the upstream was re-added")
+			}
+			time.Sleep(drain)
+			synctest.Wait()
+			if held.closed.Load() {
+				t.Error("connection closed past the drain timeout although the drain was called off")
+			}
+			if got := tp.upstream(a); got != u {
+				t.Errorf("re-added upstream: got %v; want the same entry, kept", got)
+			}
+			if got := picks(tp.pool, 200); got[a] == 0 {
+				t.Errorf("picks after the re-add: got %v; want a to get some", got)
+			}
+		})
+	})
+}
+
+// The sweep's deadline: its look at stalled connections comes
+// stalledAfter into a suspicion, unless the upstream recovers first.
+// (Which connections it closes needs real sockets: proxy_linux_test.go
+// and blackhole_linux_test.go.)
+func TestSweepDeadline(t *testing.T) {
+	const a = "10.0.0.1:6443"
+	cfg := defaultTestPool
+	cfg.sweep = true
+	t.Run("looks stalledAfter into a suspicion", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tp := quietPool(cfg, a)
+			defer tp.close()
+			tp.update([]string{a})
+			u := tp.upstream(a)
+			tp.reportCheck(u, checkResult{err: errCheck})
+			time.Sleep(stalledAfter - time.Nanosecond)
+			synctest.Wait()
+			if !tp.pendingOf(&u.sweep) {
+				t.Fatal("sweep not pending just before stalledAfter into the suspicion")
+			}
+			time.Sleep(time.Nanosecond)
+			synctest.Wait()
+			tp.mu.Lock()
+			suspect, pending := u.suspect, u.sweep.pending()
+			tp.mu.Unlock()
+			if !suspect || pending {
+				t.Errorf("at stalledAfter: suspect=%v, sweep pending=%v; want still suspect, the sweep done", suspect, pending)
+			}
+		})
+	})
+	t.Run("called off by recovery", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			tp := quietPool(cfg, a)
+			defer tp.close()
+			tp.update([]string{a})
+			u := tp.upstream(a)
+			tp.reportCheck(u, checkResult{err: errCheck})
+			time.Sleep(time.Second)
+			tp.reportCheck(u, checkResult{rtt: time.Millisecond})
+			// Before its delay, so no longer pending means called off.
+			if tp.pendingOf(&u.sweep) {
+				t.Error("sweep still pending after the upstream recovered")
+			}
+		})
+	})
+}
+
+// pool.close stops what is pending at once rather than waiting for its
+// delay, and nothing runs after it returns.
+func TestPoolCloseStopsPendingDeadlines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const a = "10.0.0.1:6443"
+		tp := quietPool(defaultTestPool, a)
 		tp.update([]string{a})
+		u := tp.upstream(a)
+		var ran atomic.Int32
+		tp.mu.Lock()
+		for _, d := range []*deadline{&u.drain, &u.evict, &u.sweep} {
+			tp.arm(d, time.Hour, func() { ran.Add(1) })
+		}
+		tp.unlock()
+		start := time.Now()
+		tp.close()
+		if d := time.Since(start); d != 0 {
+			t.Errorf("pool.close with three pending deadlines took %v; want 0 (stopped, not waited for)", d)
+		}
+		time.Sleep(2 * time.Hour)
 		synctest.Wait()
-		pc, clientEnd, _ := pipeConn()
-		if !tp.connected(tp.upstream(a), pc) {
-			t.Fatal("connected to a healthy upstream failed")
+		if got := ran.Load(); got != 0 {
+			t.Errorf("deadlines run after pool.close: got %d; want 0", got)
 		}
-		tp.update([]string{b})
-		checksBefore := tp.checks.count(a)
-		time.Sleep(defaultTestPool.drainTimeout - time.Second)
-		synctest.Wait()
-		if isClosed(clientEnd) {
-			t.Fatal("connection closed before the drain timeout")
+	})
+}
+
+// A check that ends while the pool closes reports after close has stopped
+// the deadlines; what it arms then must not make close wait for its delay,
+// up to the drain timeout for an eviction. Reporting after close stands in
+// for that race, which a bubble cannot stage (the probe waits on the lock).
+func TestNoDeadlineArmedOnceClosed(t *testing.T) {
+	t.Skip("product issue: pool.arm ignores p.closed, so a check reported during close arms a deadline close waits for (report: arm after close)")
+	synctest.Test(t, func(t *testing.T) {
+		const a = "10.0.0.1:6443"
+		cfg := defaultTestPool
+		cfg.sweep = true
+		tp := quietPool(cfg, a)
+		tp.update([]string{a})
+		u := tp.upstream(a)
+		tp.close()
+		tp.reportCheck(u, checkResult{err: errCheck})
+		if tp.pendingOf(&u.sweep) {
+			t.Error("sweep armed after pool.close; want nothing armed once closed")
 		}
-		if got := tp.checks.count(a); got != checksBefore {
-			t.Errorf("checks of a draining upstream: got %d more; want none", got-checksBefore)
-		}
+	})
+}
+
+// pool.close waits for a deadline that has fired and not finished, here
+// one still writing its log line after unlocking, so that nothing of the
+// pool runs once close has returned.
+func TestPoolCloseWaitsForRunningDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const a = "10.0.0.1:6443"
+		tp, lines := newLogProbePool(defaultTestPool, a)
+		lines.stall = "deadline ran"
+		release := sync.OnceFunc(func() { close(lines.release) })
+		defer release()
+		tp.update([]string{a})
+		u := tp.upstream(a)
+		tp.mu.Lock()
+		tp.arm(&u.evict, time.Second, func() { tp.note(u, slog.LevelInfo, "deadline ran") })
+		tp.unlock()
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if !isClosed(clientEnd) {
-			t.Fatal("connection still open after the drain timeout")
+		if !slices.Contains(lines.messages(), "deadline ran") {
+			t.Fatal("the deadline did not run at its delay")
 		}
-		if tp.upstream(a) != nil {
-			t.Error("drained upstream still in the pool")
+		closed := make(chan struct{})
+		go func() {
+			tp.close()
+			close(closed)
+		}()
+		synctest.Wait()
+		select {
+		case <-closed:
+			t.Error("pool.close returned while a deadline was still running")
+		default:
 		}
+		release()
+		<-closed
 	})
 }
 
@@ -335,22 +613,6 @@ func TestLastResortOrder(t *testing.T) {
 			t.Errorf("last-resort order: got %v; want %v", order, want)
 		}
 	})
-}
-
-func TestPickSkipsTried(t *testing.T) {
-	a, b := &upstream{addr: "a"}, &upstream{addr: "b"}
-	groups := (randomSelector{}).order(nil, []*upstream{a, b})
-	for range 100 {
-		if got := pickFrom(groups, []*upstream{a}); got != b {
-			t.Fatalf("pick with a tried: got %v; want b", got.addr)
-		}
-	}
-	if got := pickFrom(groups, []*upstream{a, b}); got != nil {
-		t.Fatalf("pick with all tried: got %v; want nil", got.addr)
-	}
-	if got := pickFrom(nil, nil); got != nil {
-		t.Fatalf("pick from no groups: got %v; want nil", got.addr)
-	}
 }
 
 // newLatencyPool is newTestPool with latency selection.
@@ -782,19 +1044,24 @@ func TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp, held := evictionSetup(t, 30*time.Second)
 		defer tp.close()
-		tp.checks.setUnready("10.0.0.1:6443", true)
+		const a = "10.0.0.1:6443"
+		u := tp.upstream(a)
+		checked := tp.attachLockChecked(t, u)
+		tp.checks.setUnready(a, true)
 		time.Sleep(40 * time.Second) // second failed probe at 40 s: not ready
 		synctest.Wait()
-		time.Sleep(29 * time.Second)
+		time.Sleep(30*time.Second - time.Nanosecond)
 		synctest.Wait()
-		if isClosed(held) {
-			t.Fatal("connection closed before the drain timeout")
+		if checked.closed.Load() || !tp.pendingOf(&u.evict) {
+			t.Fatalf("just before the drain timeout: closed=%v, closing pending=%v; want open, pending",
+				checked.closed.Load(), tp.pendingOf(&u.evict))
 		}
-		time.Sleep(time.Second)
+		time.Sleep(time.Nanosecond)
 		synctest.Wait()
 		if !isClosed(held) {
 			t.Fatal("connection of an unready upstream still open after the drain timeout")
 		}
+		wantClosedUnderLock(t, "connection of an unready upstream at the drain timeout", checked)
 	})
 }
 
@@ -956,4 +1223,248 @@ func TestUpstreamsShowErrorsSafely(t *testing.T) {
 			t.Errorf("last error %q...; want its start kept", cutText(got, 80))
 		}
 	})
+}
+
+// logProbe is a slog handler that records, for every line the pool writes,
+// whether the pool's lock was free at the time; a line whose message is
+// stall waits in Handle until release is closed, like a stuck stderr.
+type logProbe struct {
+	p       *pool
+	stall   string
+	release chan struct{}
+
+	mu     sync.Mutex
+	lines  []string // messages, in order
+	locked []string // those written with p.mu held
+}
+
+func (h *logProbe) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logProbe) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *logProbe) WithGroup(string) slog.Handler            { return h }
+
+func (h *logProbe) Handle(_ context.Context, r slog.Record) error {
+	free := h.p.mu.TryLock()
+	if free {
+		h.p.mu.Unlock()
+	}
+	h.mu.Lock()
+	h.lines = append(h.lines, r.Message)
+	if !free {
+		h.locked = append(h.locked, r.Message)
+	}
+	h.mu.Unlock()
+	if r.Message == h.stall {
+		<-h.release
+	}
+	return nil
+}
+
+func (h *logProbe) messages() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.lines)
+}
+
+// newLogProbePool is quietPool logging to a logProbe. Only the test and the
+// deadlines it causes touch the pool, so a lock the probe finds held was
+// held by the goroutine writing the line.
+func newLogProbePool(cfg poolConfig, addrs ...string) (*testPool, *logProbe) {
+	tp := quietPool(cfg, addrs...)
+	h := &logProbe{p: tp.pool, release: make(chan struct{})}
+	tp.log = slog.New(h)
+	return tp, h
+}
+
+// TestPoolLogsAfterUnlocking takes the pool through every line it notes
+// (but the sweep's closing of stalled connections, which needs real
+// sockets), from its methods and from its deadlines, and checks that each
+// was written after the lock was released: a handler that takes the lock,
+// or one that blocks, must not deadlock or stall the pool.
+func TestPoolLogsAfterUnlocking(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const a, b, c, d = "10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443", "10.0.0.4:6443"
+		cfg := defaultTestPool
+		cfg.readyz, cfg.sweep = true, true
+		tp, lines := newLogProbePool(cfg, a, b, c, d)
+		defer tp.close()
+		passed := checkResult{rtt: time.Millisecond, probed: true}
+		failed := checkResult{rtt: time.Millisecond, probed: true, notReady: errNotReady}
+		unreachable := checkResult{err: errCheck}
+
+		tp.update([]string{a, b})
+		ua, ub := tp.upstream(a), tp.upstream(b)
+		tp.reportCheck(ua, passed)
+		tp.reportCheck(ub, passed)
+		tp.reportCheck(ua, unreachable) // suspect
+		tp.reportCheck(ua, unreachable) // unhealthy, not ready
+		tp.reportCheck(ua, failed)      // healthy, still not ready: closing a's connections is due
+		time.Sleep(cfg.drainTimeout)    // the closing, from a deadline
+		synctest.Wait()
+		tp.reportCheck(ua, passed) // ready
+		tp.reportCheck(ua, failed)
+		tp.reportCheck(ua, failed)  // not ready: closing due again
+		tp.reportCheck(ua, passed)  // called off
+		tp.attachLockChecked(t, ua) // draining needs a connection
+		tp.update([]string{b})
+		tp.update([]string{a, b}) // re-added
+		tp.update([]string{b})
+		time.Sleep(cfg.drainTimeout) // the drain's end, from a deadline
+		synctest.Wait()
+		pc, _, _ := pipeConn()
+		if !tp.connected(ub, pc) {
+			t.Fatal("connected to b failed")
+		}
+		tp.update([]string{c})
+		tp.detach(ub, pc) // drained
+		tp.update([]string{d})
+		synctest.Wait()
+
+		got := lines.messages()
+		for _, want := range []string{
+			"upstream added", "upstream ready", "upstream suspect: sweeping its connections", "upstream unhealthy",
+			"upstream not ready", "upstream healthy",
+			"upstream not ready while another is: closing its connections after the drain timeout",
+			"closing connections of unready upstream", "closing of connections called off",
+			"upstream draining", "upstream re-added, drain aborted", "drain timeout expired, closing connections",
+			"upstream drained", "upstream removed",
+		} {
+			if !slices.Contains(got, want) {
+				t.Errorf("log line %q: missing from %q", want, got)
+			}
+		}
+		lines.mu.Lock()
+		defer lines.mu.Unlock()
+		if len(lines.locked) > 0 {
+			t.Errorf("lines written with the pool's lock held: %q; want none", lines.locked)
+		}
+	})
+}
+
+// While a log line waits on its writer, the pool goes on: the lock is free,
+// the state the line reports is published, and other calls get through.
+func TestSlowLogWriterDoesNotStallPool(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const a = "10.0.0.1:6443"
+		tp, lines := newLogProbePool(defaultTestPool, a)
+		defer tp.close()
+		lines.stall = "upstream added"
+		release := sync.OnceFunc(func() { close(lines.release) })
+		defer release() // before close, which would wait for the stalled line
+		updated := make(chan struct{})
+		go func() {
+			tp.update([]string{a})
+			close(updated)
+		}()
+		synctest.Wait() // update is writing its line
+		if !slices.Contains(lines.messages(), "upstream added") {
+			t.Fatal("update wrote no line")
+		}
+		if !tp.mu.TryLock() {
+			t.Fatal("the pool's lock is held while a line waits on its writer")
+		}
+		tp.mu.Unlock()
+		if u := tp.pick(nil); u == nil || u.addr != a {
+			t.Errorf("pick while the line waits: got %v; want %s", u, a)
+		}
+		tp.reportCheck(tp.upstream(a), checkResult{rtt: time.Millisecond})
+		select {
+		case <-updated:
+			t.Error("update returned before its line was written")
+		default:
+		}
+		release()
+		<-updated
+	})
+}
+
+func TestReadinessStep(t *testing.T) {
+	passed := checkResult{rtt: time.Millisecond, probed: true}
+	failed := checkResult{rtt: time.Millisecond, probed: true, notReady: errNotReady}
+	connected := checkResult{rtt: time.Millisecond} // a TCP check or client dial
+	unreachable := checkResult{err: errCheck}
+	tests := []struct {
+		name    string
+		from    readiness
+		res     checkResult
+		healthy bool // after the result
+		want    readiness
+		wantOK  bool
+	}{
+		{"a passing probe makes a new upstream ready", readiness{pending: true}, passed, true,
+			readiness{ready: true, known: true}, true},
+		{"a passing probe clears the streak and a failed connect", readiness{ready: true, known: true, streak: 1, reprobe: true}, passed, true,
+			readiness{ready: true, known: true}, true},
+		{"one failed probe leaves a ready upstream ready", readiness{ready: true, known: true}, failed, true,
+			readiness{ready: true, known: true, streak: 1}, true},
+		{"the second failed probe in a row: not ready", readiness{ready: true, known: true, streak: 1}, failed, true,
+			readiness{known: true, streak: 2}, true},
+		{"a failed first probe: not ready at once", readiness{pending: true}, failed, true,
+			readiness{known: true, streak: 1}, true},
+		{"a failed probe after a failed connect: not ready at once", readiness{ready: true, known: true, reprobe: true}, failed, true,
+			readiness{known: true, streak: 1}, true},
+		{"a not ready upstream stays so", readiness{known: true, streak: 2}, failed, true,
+			readiness{known: true, streak: 3}, true},
+		{"a failed connect of a healthy upstream keeps the verdict", readiness{ready: true, known: true, streak: 1}, unreachable, true,
+			readiness{ready: true, known: true, streak: 1, reprobe: true}, true},
+		{"a failed connect of a new upstream keeps it pending", readiness{pending: true}, unreachable, true,
+			readiness{pending: true, reprobe: true}, true},
+		{"unreachable: not ready until a probe passes", readiness{ready: true, known: true, streak: 1, reprobe: true}, unreachable, false,
+			readiness{pending: true, known: true}, true},
+		{"a connect without a probe says nothing", readiness{ready: true, known: true, streak: 1, reprobe: true}, connected, true,
+			readiness{ready: true, known: true, streak: 1, reprobe: true}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.from
+			ok := got.step(tt.res, tt.healthy)
+			if got != tt.want || ok != tt.wantOK {
+				t.Errorf("got %+v, %v; want %+v, %v", got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+}
+
+// drains_in_progress counts the removed upstreams whose connections are
+// still draining, and drops as soon as a drain ends, whichever way.
+func TestDrainsInProgress(t *testing.T) {
+	const a, b, c, d = "10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443", "10.0.0.4:6443"
+	drain := defaultTestPool.drainTimeout
+	tests := []struct {
+		name string
+		end  func(tp *testPool, ua *upstream, onA *proxyConn) // ends a's drain, not b's
+	}{
+		{"timeout", func(*testPool, *upstream, *proxyConn) { time.Sleep(drain - 10*time.Second) }},
+		{"last connection", func(tp *testPool, ua *upstream, onA *proxyConn) { tp.detach(ua, onA) }},
+		{"abort", func(tp *testPool, _ *upstream, _ *proxyConn) { tp.update([]string{a, c}) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tp := quietPool(defaultTestPool, a, b, c, d)
+				defer tp.close()
+				drains := func(when string, want float64) {
+					t.Helper()
+					if got := testutil.ToFloat64(tp.m.drains); got != want {
+						t.Errorf("drains_in_progress %s: got %v; want %v", when, got, want)
+					}
+				}
+				tp.update([]string{a, b, d})
+				ua, ub := tp.upstream(a), tp.upstream(b)
+				onA, _, _ := pipeConn()
+				onB, _, _ := pipeConn()
+				if !tp.connected(ua, onA) || !tp.connected(ub, onB) {
+					t.Fatal("connected failed")
+				}
+				drains("with nothing removed", 0)
+				tp.update([]string{b, c}) // a drains from 0 s; d, without connections, is removed at once
+				drains("with a draining", 1)
+				time.Sleep(10 * time.Second)
+				tp.update([]string{c}) // b drains from 10 s
+				drains("with a and b draining", 2)
+				tt.end(tp, ua, onA)
+				synctest.Wait()
+				drains("once a's drain ended", 1)
+			})
+		})
+	}
 }
