@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -387,26 +388,26 @@ func (h *kubeHarness) failWatch(err error) watchCall {
 	return c
 }
 
-// expectOut checks that the next list the provider sent is want.
+// expectOut checks that the next list the provider published is want.
 func (h *kubeHarness) expectOut(want ...string) {
 	h.t.Helper()
 	select {
 	case got := <-h.out:
 		if !slices.Equal(got, want) {
-			h.t.Errorf("sent %q; want %q", got, want)
+			h.t.Errorf("published %q; want %q", got, want)
 		}
 	case <-time.After(time.Hour):
-		h.t.Fatalf("nothing sent; want %q", want)
+		h.t.Fatalf("nothing published; want %q", want)
 	}
 }
 
-// expectNoOut checks that the provider has sent nothing more.
+// expectNoOut checks that the provider has published nothing more.
 func (h *kubeHarness) expectNoOut() {
 	h.t.Helper()
 	synctest.Wait()
 	select {
 	case got := <-h.out:
-		h.t.Errorf("sent %q; want nothing", got)
+		h.t.Errorf("published %q; want nothing", got)
 	default:
 	}
 }
@@ -820,8 +821,6 @@ func TestKubeWatchEvents(t *testing.T) {
 	})
 }
 
-// --- merged provider ---
-
 // --- client configuration ---
 
 func writeFile(t *testing.T, path, content string) {
@@ -975,86 +974,6 @@ func TestNewKubernetesProvider(t *testing.T) {
 	}
 }
 
-func TestEndpointCacheRoundTrip(t *testing.T) {
-	c := &endpointCache{path: filepath.Join(t.TempDir(), "endpoints.json"), log: slog.New(slog.DiscardHandler)}
-	if eps, err := c.load(); err != nil || eps != nil {
-		t.Fatalf("load of a missing cache: got %v, %v; want nil, nil", eps, err)
-	}
-	want := []string{"10.0.0.1:6443", "[fd00::1]:6443"}
-	if err := c.store(want); err != nil {
-		t.Fatal(err)
-	}
-	got, err := c.load()
-	if err != nil || !slices.Equal(got, want) {
-		t.Fatalf("load after store: got %v, %v; want %v", got, err, want)
-	}
-	leftovers, _ := filepath.Glob(c.path + ".tmp*")
-	if len(leftovers) != 0 {
-		t.Errorf("temporary files left after store: %v", leftovers)
-	}
-}
-
-func TestEndpointCacheCorruptionIgnored(t *testing.T) {
-	tests := []struct {
-		name    string
-		content string
-	}{
-		{"partial file, as a crash mid-write without rename would leave", `{"version":1,"endpoints":["10.0.0.1:64`},
-		{"not JSON", "\x00\x01garbage"},
-		{"wrong version", `{"version":99,"endpoints":["10.0.0.1:6443"]}`},
-		{"invalid endpoint", `{"version":1,"endpoints":["10.0.0.1:99999"]}`},
-		{"empty file", ""},
-		// What discovery never yields: the cache holds only its results.
-		{"metadata address", `{"version":1,"endpoints":["169.254.169.254:80"]}`},
-		{"unspecified address", `{"version":1,"endpoints":["0.0.0.0:22"]}`},
-		{"hostname", `{"version":1,"endpoints":["api.example.com:6443"]}`},
-		{"more endpoints than discovery keeps", `{"version":1,"endpoints":[` + strings.Repeat(`"10.0.0.1:6443",`, maxDiscoveredEndpoints) + `"10.0.0.2:6443"]}`},
-		{"larger than the cache can be", `{"version":1,"endpoints":["10.0.0.1:6443"],"pad":"` + strings.Repeat("x", maxCacheBytes) + `"}`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "endpoints.json")
-			if err := os.WriteFile(path, []byte(tt.content), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			logs := &syncBuffer{}
-			c := &endpointCache{path: path, log: slog.New(slog.NewTextHandler(logs, nil))}
-			if _, err := c.load(); err == nil {
-				t.Error("load: got nil error; want the corruption reported")
-			}
-			if eps := c.loadCache(); len(eps) != 0 {
-				t.Errorf("loadCache: got %v; want none", eps)
-			}
-			if !strings.Contains(logs.String(), "endpoint cache ignored") {
-				t.Errorf("log: got %q; want the cache reported as ignored", logs.String())
-			}
-		})
-	}
-}
-
-func TestEndpointCacheStoreKeepsOldFileOnFailure(t *testing.T) {
-	dir := t.TempDir()
-	c := &endpointCache{path: filepath.Join(dir, "endpoints.json"), log: slog.New(slog.DiscardHandler)}
-	if err := c.store([]string{"10.0.0.1:6443"}); err != nil {
-		t.Fatal(err)
-	}
-	// A read-only directory makes the temporary file fail: the old cache
-	// must survive intact (root ignores permissions, so skip then).
-	if err := os.Chmod(dir, 0o500); err != nil {
-		t.Fatal(err)
-	}
-	defer os.Chmod(dir, 0o700)
-	if os.Geteuid() == 0 {
-		t.Skip("root writes to read-only directories")
-	}
-	if err := c.store([]string{"10.0.0.2:6443"}); err == nil {
-		t.Fatal("store into a read-only directory: got nil error")
-	}
-	if got, err := c.load(); err != nil || !slices.Equal(got, []string{"10.0.0.1:6443"}) {
-		t.Errorf("cache after a failed store: got %v, %v; want the old list", got, err)
-	}
-}
-
 // fakeSlices is the sliceClient over client-go's fake clientset.
 type fakeSlices struct{ c *fake.Clientset }
 
@@ -1064,21 +983,6 @@ func (f fakeSlices) List(ctx context.Context, ns string, opts metav1.ListOptions
 
 func (f fakeSlices) Watch(ctx context.Context, ns string, opts metav1.ListOptions) (watch.Interface, error) {
 	return f.c.DiscoveryV1().EndpointSlices(ns).Watch(ctx, opts)
-}
-
-// A huge bad entry in the cache makes an error of a bounded size, not a log
-// line as long as the entry.
-func TestEndpointCacheErrorIsShort(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "endpoints.json")
-	content := `{"version":1,"endpoints":["` + strings.Repeat("a", 40<<10) + `"]}`
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c := &endpointCache{path: path, log: slog.New(slog.DiscardHandler)}
-	_, err := c.load()
-	if err == nil || len(err.Error()) > 400 {
-		t.Errorf("load: got an error of %d bytes; want one under 400: %.500v", len(fmt.Sprint(err)), err)
-	}
 }
 
 // Discovery keeps only addresses that can be an API server: not the
@@ -1232,17 +1136,30 @@ func (p *scriptedProvider) run(ctx context.Context, publish func([]string)) erro
 	}
 }
 
+// stubbornProvider returns only once ctx is done and release is closed, as
+// a provider still finishing a request at shutdown does.
+type stubbornProvider struct{ release chan struct{} }
+
+func (stubbornProvider) name() string { return "stubborn" }
+
+func (p stubbornProvider) run(ctx context.Context, _ func([]string)) error {
+	<-ctx.Done()
+	<-p.release
+	return nil
+}
+
 type mergedHarness struct {
 	reg    *prometheus.Registry // m's
 	m      *metrics
 	mp     *mergedProvider
-	last   []string // the union sent returned last
+	d      *daemon  // its apply, called as the run loop calls it
+	last   []string // the list apply last applied
 	cancel context.CancelFunc
-	done   chan struct{}
+	done   chan struct{} // closed once mp.run has returned
 }
 
 // startMerged runs a merged provider over static, cached and providers
-// inside the bubble; the test stops it.
+// inside the bubble, with a daemon to apply its union; the test stops it.
 func startMerged(t *testing.T, static, cached []string, providers ...provider) *mergedHarness {
 	reg := prometheus.NewRegistry()
 	return startMergedOn(t, reg, newMetrics(reg), static, cached, providers...)
@@ -1253,6 +1170,12 @@ func startMerged(t *testing.T, static, cached []string, providers ...provider) *
 func startMergedOn(t *testing.T, reg *prometheus.Registry, m *metrics, static, cached []string, providers ...provider) *mergedHarness {
 	h := &mergedHarness{reg: reg, m: m, done: make(chan struct{})}
 	h.mp = newMergedProvider(testLogger(t), m, static, cached, providers...)
+	// apply's pool is closed, so its update does nothing: no probe timer
+	// keeps the bubble from reporting a deadlock. What apply applies is
+	// what it returns.
+	pl := newPool(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()), poolConfig{}, nil, randomSelector{})
+	pl.close()
+	h.d = &daemon{log: testLogger(t), pool: pl, discovery: h.mp}
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go func() { h.mp.run(ctx); close(h.done) }()
@@ -1260,10 +1183,10 @@ func startMergedOn(t *testing.T, reg *prometheus.Registry, m *metrics, static, c
 	return h
 }
 
-// sent returns what the run loop would apply once everything has settled,
-// as the daemon's loop does: the union, if the notify channel has a wake-up
-// and the union is neither empty nor the one returned last; nothing
-// otherwise.
+// sent returns what the run loop applies once everything has settled: if
+// the notify channel holds a wake-up, it takes it and calls the daemon's
+// apply, as the loop does, and returns the list apply applied when that
+// differs from the last one; nothing otherwise.
 func (h *mergedHarness) sent() [][]string {
 	synctest.Wait()
 	select {
@@ -1271,12 +1194,29 @@ func (h *mergedHarness) sent() [][]string {
 	default:
 		return nil
 	}
-	eps := h.mp.endpoints()
-	if len(eps) == 0 || slices.Equal(eps, h.last) {
+	applied := h.d.apply(h.last, nil)
+	if slices.Equal(applied, h.last) {
 		return nil
 	}
-	h.last = eps
-	return [][]string{eps}
+	h.last = applied
+	return [][]string{applied}
+}
+
+// wantApplied checks that the run loop, woken now, applies want.
+func (h *mergedHarness) wantApplied(t *testing.T, when string, want ...string) {
+	t.Helper()
+	if got := h.sent(); len(got) != 1 || !slices.Equal(got[0], want) {
+		t.Errorf("%s: applied %q; want %q", when, got, [][]string{want})
+	}
+}
+
+// wantNothingApplied checks that the run loop, woken now or not, applies
+// nothing.
+func (h *mergedHarness) wantNothingApplied(t *testing.T, when string) {
+	t.Helper()
+	if got := h.sent(); len(got) != 0 {
+		t.Errorf("%s: applied %q; want nothing", when, got)
+	}
 }
 
 func (h *mergedHarness) stop(t *testing.T) {
@@ -1291,4 +1231,242 @@ func (h *mergedHarness) updates(name string) float64 {
 
 func (h *mergedHarness) errorsOf(name string) float64 {
 	return testutil.ToFloat64(h.m.discoveryErrors.WithLabelValues(name))
+}
+
+func (h *mergedHarness) running(name string) float64 {
+	return testutil.ToFloat64(h.m.discoveryRunning.WithLabelValues(name))
+}
+
+// The union holds each endpoint once, however many sources list it and
+// however often; a list that leaves the union as it was applies nothing;
+// sources names each source of an endpoint once, in the order /upstreams
+// shows them; every list a provider publishes counts as an update.
+func TestMergedDeduplicatesAcrossSources(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := newScripted("a", nil), newScripted("b", nil)
+		h := startMerged(t, []string{"10.0.0.2:6443", "10.0.0.1:6443"}, nil, a, b)
+		h.wantApplied(t, "at start", "10.0.0.1:6443", "10.0.0.2:6443")
+		a.lists <- []string{"10.0.0.3:6443", "10.0.0.1:6443", "10.0.0.3:6443"}
+		b.lists <- []string{"10.0.0.1:6443"}
+		h.wantApplied(t, "after a and b published", "10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443")
+		want := map[string][]string{
+			"10.0.0.1:6443": {staticProviderName, "a", "b"},
+			"10.0.0.2:6443": {staticProviderName},
+			"10.0.0.3:6443": {"a"},
+		}
+		if got := h.mp.sources(); !maps.EqualFunc(got, want, slices.Equal) {
+			t.Errorf("sources: got %q; want %q", got, want)
+		}
+		a.lists <- []string{"10.0.0.3:6443", "10.0.0.2:6443"}
+		h.wantNothingApplied(t, "after a list that leaves the union as it was")
+		a.lists <- []string{"10.0.0.2:6443"}
+		b.lists <- []string{}
+		h.wantApplied(t, "after a and b shrank", "10.0.0.1:6443", "10.0.0.2:6443")
+		for name, want := range map[string]float64{staticProviderName: 1, "a": 3, "b": 2} {
+			if got := h.updates(name); got != want {
+				t.Errorf("discovery_updates_total{%s}: got %v; want %v", name, got, want)
+			}
+		}
+		h.stop(t)
+	})
+}
+
+// The cached list stands in for discovery until the kubernetes provider
+// publishes: another provider's list joins it, the first kubernetes list
+// replaces it, in the union and in sources, for good.
+func TestMergedCacheCountsUntilKubernetesPublishes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		other, kube := newScripted("other", nil), newScripted(kubeProviderName, nil)
+		h := startMerged(t, []string{"10.0.0.1:6443"}, []string{"10.0.0.9:6443", "10.0.0.1:6443"}, other, kube)
+		h.wantApplied(t, "before discovery answers", "10.0.0.1:6443", "10.0.0.9:6443")
+		wantSources := func(when string, want map[string][]string) {
+			t.Helper()
+			if got := h.mp.sources(); !maps.EqualFunc(got, want, slices.Equal) {
+				t.Errorf("sources %s: got %q; want %q", when, got, want)
+			}
+		}
+		wantSources("before discovery answers", map[string][]string{
+			"10.0.0.1:6443": {staticProviderName, cacheProviderName},
+			"10.0.0.9:6443": {cacheProviderName},
+		})
+		other.lists <- []string{"10.0.0.3:6443"}
+		h.wantApplied(t, "after another provider published", "10.0.0.1:6443", "10.0.0.3:6443", "10.0.0.9:6443")
+		kube.lists <- []string{"10.0.0.2:6443"}
+		h.wantApplied(t, "after kubernetes published", "10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443")
+		wantSources("after kubernetes published", map[string][]string{
+			"10.0.0.1:6443": {staticProviderName},
+			"10.0.0.2:6443": {kubeProviderName},
+			"10.0.0.3:6443": {"other"},
+		})
+		kube.lists <- []string{"10.0.0.9:6443"}
+		h.wantApplied(t, "after kubernetes listed the cached endpoint", "10.0.0.1:6443", "10.0.0.3:6443", "10.0.0.9:6443")
+		wantSources("after kubernetes listed the cached endpoint", map[string][]string{
+			"10.0.0.1:6443": {staticProviderName},
+			"10.0.0.3:6443": {"other"},
+			"10.0.0.9:6443": {kubeProviderName},
+		})
+		h.stop(t)
+	})
+}
+
+// discovery_updates_total counts the static list once, at construction,
+// and the cached one once if there is one, without a series otherwise; the
+// series of every provider exist at 0 before it publishes.
+func TestMergedCountsUpdatesPerSource(t *testing.T) {
+	tests := []struct {
+		name   string
+		cached []string
+		want   map[string]float64 // every series of discovery_updates_total
+	}{
+		{"no cache", nil, map[string]float64{staticProviderName: 1, kubeProviderName: 0}},
+		{"empty cache", []string{}, map[string]float64{staticProviderName: 1, kubeProviderName: 0}},
+		{"cache", []string{"10.0.0.9:6443"}, map[string]float64{staticProviderName: 1, cacheProviderName: 1, kubeProviderName: 0}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMetrics(prometheus.NewRegistry())
+			newMergedProvider(testLogger(t), m, []string{"10.0.0.1:6443"}, tc.cached, newScripted(kubeProviderName, nil))
+			if got := testutil.CollectAndCount(m.discoveryUpdates); got != len(tc.want) {
+				t.Errorf("discovery_updates_total series: got %d; want %d (%v)", got, len(tc.want), tc.want)
+			}
+			for name, want := range tc.want {
+				if got := testutil.ToFloat64(m.discoveryUpdates.WithLabelValues(name)); got != want {
+					t.Errorf("discovery_updates_total{%s}: got %v; want %v", name, got, want)
+				}
+			}
+		})
+	}
+}
+
+// discovery_running is 1 for the static and cached lists and for every
+// provider that runs, and 0 once a provider ends before shutdown, with an
+// error or without; an error is counted once; shutdown leaves it as it
+// was. The error series exist from the start, so increase works at once.
+func TestMergedReportsRunningProviders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		failing := newScripted(kubeProviderName, errors.New("kubernetes broke"))
+		quiet := newScripted("quiet", nil) // returns nil early, against the contract
+		live := newScripted("live", nil)
+		h := startMerged(t, []string{"10.0.0.1:6443"}, []string{"10.0.0.9:6443"}, failing, quiet, live)
+		synctest.Wait()
+		if got, want := testutil.CollectAndCount(h.m.discoveryErrors), 5; got != want {
+			t.Errorf("discovery_errors_total series before any error: got %v; want %v", got, want)
+		}
+		for _, name := range []string{staticProviderName, cacheProviderName, kubeProviderName, "quiet", "live"} {
+			if got := h.running(name); got != 1 {
+				t.Errorf("at start, discovery_running{%s}: got %v; want 1", name, got)
+			}
+		}
+		close(failing.lists)
+		close(quiet.lists)
+		synctest.Wait()
+		for name, want := range map[string]float64{staticProviderName: 1, cacheProviderName: 1, kubeProviderName: 0, "quiet": 0, "live": 1} {
+			if got := h.running(name); got != want {
+				t.Errorf("after kubernetes failed and quiet returned, discovery_running{%s}: got %v; want %v", name, got, want)
+			}
+		}
+		for name, want := range map[string]float64{kubeProviderName: 1, "quiet": 0, "live": 0} {
+			if got := h.errorsOf(name); got != want {
+				t.Errorf("discovery_errors_total{%s}: got %v; want %v", name, got, want)
+			}
+		}
+		h.stop(t)
+		for name, want := range map[string]float64{staticProviderName: 1, cacheProviderName: 1, kubeProviderName: 0, "live": 1} {
+			if got := h.running(name); got != want {
+				t.Errorf("after shutdown, discovery_running{%s}: got %v; want %v", name, got, want)
+			}
+		}
+	})
+}
+
+// A provider that fails keeps its last list in the union while the others
+// go on. run returns once every provider has ended, and the lists stay.
+func TestMergedKeepsFailedProvidersList(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		kube := newScripted(kubeProviderName, errors.New("kubernetes broke"))
+		other := newScripted("other", errors.New("other broke"))
+		h := startMerged(t, []string{"10.0.0.1:6443"}, nil, kube, other)
+		kube.lists <- []string{"10.0.0.9:6443"}
+		h.wantApplied(t, "after kubernetes published", "10.0.0.1:6443", "10.0.0.9:6443")
+		close(kube.lists)
+		h.wantNothingApplied(t, "after kubernetes failed")
+		other.lists <- []string{"10.0.0.3:6443"}
+		h.wantApplied(t, "after another provider published", "10.0.0.1:6443", "10.0.0.3:6443", "10.0.0.9:6443")
+		select {
+		case <-h.done:
+			t.Fatal("run returned while a provider was running")
+		default:
+		}
+		close(other.lists)
+		<-h.done
+		if got, want := h.mp.endpoints(), []string{"10.0.0.1:6443", "10.0.0.3:6443", "10.0.0.9:6443"}; !slices.Equal(got, want) {
+			t.Errorf("union after every provider failed: got %q; want %q", got, want)
+		}
+	})
+}
+
+// run returns only once every provider has returned, however long one
+// takes after shutdown.
+func TestMergedRunWaitsForProviders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		stubborn := stubbornProvider{release: make(chan struct{})}
+		quick := newScripted("quick", nil)
+		h := startMerged(t, []string{"10.0.0.1:6443"}, nil, quick, stubborn)
+		synctest.Wait()
+		h.cancel()
+		<-quick.exited
+		synctest.Wait()
+		select {
+		case <-h.done:
+			t.Error("run returned while a provider was still running")
+		default:
+		}
+		close(stubborn.release)
+		<-h.done
+	})
+}
+
+// The notify channel holds one wake-up at most, so that a provider never
+// waits for a busy run loop: a burst of lists is one wake-up, and the loop
+// then reads the latest union, missing none of it.
+func TestMergedCoalescesWakeUps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newScripted("a", nil)
+		h := startMerged(t, []string{"10.0.0.1:6443"}, nil, a)
+		h.wantApplied(t, "at start", "10.0.0.1:6443")
+		// Nobody reads notify meanwhile: a publish that waited for the
+		// loop would deadlock the bubble here.
+		for i := range 5 {
+			a.lists <- []string{fmt.Sprintf("10.0.1.%d:6443", i+1)}
+		}
+		synctest.Wait()
+		if got := len(h.mp.notify); got != 1 {
+			t.Errorf("wake-ups pending after 5 lists: got %d; want 1", got)
+		}
+		h.wantApplied(t, "after the burst", "10.0.0.1:6443", "10.0.1.5:6443")
+		if got := len(h.mp.notify); got != 0 {
+			t.Errorf("wake-ups pending after the loop woke: got %d; want 0", got)
+		}
+		if got, want := h.updates("a"), 5.0; got != want {
+			t.Errorf("discovery_updates_total{a}: got %v; want %v", got, want)
+		}
+		h.stop(t)
+	})
+}
+
+// An empty union is never applied: the pool keeps its last upstreams
+// rather than route to none (apply returns the list it applied).
+func TestMergedNeverAppliesEmptyUnion(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newScripted("a", nil)
+		h := startMerged(t, nil, nil, a)
+		h.wantNothingApplied(t, "without static endpoints")
+		a.lists <- []string{}
+		h.wantNothingApplied(t, "after an empty list")
+		a.lists <- []string{"10.0.0.1:6443"}
+		h.wantApplied(t, "after a list", "10.0.0.1:6443")
+		a.lists <- nil
+		h.wantNothingApplied(t, "after the only endpoint went away")
+		h.stop(t)
+	})
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -224,10 +225,10 @@ func TestKubeWatcherBacksOffFailedWatchCalls(t *testing.T) {
 	}
 }
 
-// TestRESTSliceClientRedialsAfterFailure: after a failed List or Watch the
-// next request opens a new connection, so that the proxy picks an upstream
-// for it again, instead of reusing the HTTP/2 connection to an API server
-// that answers errors.
+// TestRESTSliceClientRedialsAfterFailure: a failed List or Watch drops the
+// client's idle connections, so the next request opens a new one and the
+// proxy picks an upstream for it again, instead of reusing the HTTP/2
+// connection to an API server that answers errors.
 func TestRESTSliceClientRedialsAfterFailure(t *testing.T) {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -248,17 +249,21 @@ func TestRESTSliceClientRedialsAfterFailure(t *testing.T) {
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	c, err := newRESTSliceClient(&rest.Config{
-		Host: srv.URL,
-		// A transport of its own: client-go shares transports between
-		// clients with the same TLS settings, and the HTTP/2 test
-		// below needs one built with its own timeouts.
-		DisableCompression: true,
-		TLSClientConfig: rest.TLSClientConfig{
-			CAData:     pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}),
-			ServerName: "example.com", // on httptest's certificate
-		},
-	})
+	// The daemon's own configuration: a token file, a CA file, its user
+	// agent and no proxy, each a wrapper client-go puts around the
+	// transport that dropIdle must see through. (No proxy also means a
+	// transport of its own, not one client-go shares with other clients.)
+	saDir := t.TempDir()
+	writeFile(t, filepath.Join(saDir, "token"), "sa-token")
+	writeFile(t, filepath.Join(saDir, "ca.crt"), string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})))
+	cfg, err := kubeRESTConfig(kubeProviderConfig{
+		LocalAddr:  srv.Listener.Addr().String(),
+		ServerName: "example.com", // on httptest's certificate
+	}, saDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newRESTSliceClient(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
