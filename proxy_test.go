@@ -10,10 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -238,29 +236,69 @@ func TestProxyForwardsBothWays(t *testing.T) {
 	})
 }
 
+// TestProxyPropagatesHalfClose: the end of one direction is passed on as a
+// half-close, and the other direction goes on, whichever side ends first.
 func TestProxyPropagatesHalfClose(t *testing.T) {
-	// The upstream answers only after the client has finished sending, as
-	// many request/response protocols do.
-	up := startUpstream(t, func(c net.Conn) {
-		n, _ := io.Copy(io.Discard, c)
-		fmt.Fprintf(c, "received %d bytes", n)
+	t.Run("client first", func(t *testing.T) {
+		// The upstream answers only after the client has finished
+		// sending, as many request/response protocols do.
+		up := startUpstream(t, func(c net.Conn) {
+			n, _ := io.Copy(io.Discard, c)
+			fmt.Fprintf(c, "received %d bytes", n)
+		})
+		px := startProxy(t, poolConfig{}, up.addr)
+		c := dialProxy(t, px.addr)
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(make([]byte, 1000)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "received 1000 bytes"; string(got) != want {
+			t.Errorf("got %q; want %q", got, want)
+		}
 	})
-	px := startProxy(t, poolConfig{}, up.addr)
-	c := dialProxy(t, px.addr)
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Write(make([]byte, 1000)); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CloseWrite(); err != nil {
-		t.Fatal(err)
-	}
-	got, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := "received 1000 bytes"; string(got) != want {
-		t.Errorf("got %q; want %q", got, want)
-	}
+	t.Run("upstream first", func(t *testing.T) {
+		// The upstream says all it has to say, half-closes, and then
+		// reads what the client sends after that.
+		uploaded := make(chan string, 1)
+		up := startUpstream(t, func(c net.Conn) {
+			if _, err := io.WriteString(c, "hello"); err != nil {
+				return
+			}
+			_ = c.(*net.TCPConn).CloseWrite()
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if b, err := io.ReadAll(c); err == nil && len(b) > 0 { // not the health check
+				uploaded <- string(b)
+			}
+		})
+		px := startProxy(t, poolConfig{}, up.addr)
+		c := dialProxy(t, px.addr)
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		got, err := io.ReadAll(c)
+		if err != nil || string(got) != "hello" {
+			t.Fatalf("read to the upstream's half-close: got %q, %v; want %q, EOF", got, err, "hello")
+		}
+		if _, err := io.WriteString(c, "after your end"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case b := <-uploaded:
+			if b != "after your end" {
+				t.Errorf("upstream read %q after its half-close; want %q", b, "after your end")
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the upstream read nothing after its half-close within 5 s")
+		}
+	})
 }
 
 func TestProxyLargeTransferIntact(t *testing.T) {
@@ -337,83 +375,6 @@ func TestProxySpreadsConcurrentConnections(t *testing.T) {
 	}
 }
 
-func TestProxyRetriesFailedDialOnAnotherUpstream(t *testing.T) {
-	alive := startUpstream(t, echo)
-	dead := deadAddr(t)
-	px := startProxy(t, poolConfig{}, alive.addr, dead)
-	for i := range 20 {
-		c := dialProxy(t, px.addr)
-		if err := roundTrip(c, []byte("ping")); err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-		_ = c.Close()
-	}
-	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(dead)); got < 1 {
-		t.Errorf("connection_errors_total{upstream=dead}: got %v; want at least 1", got)
-	}
-	if got := testutil.ToFloat64(px.m.healthStatus.WithLabelValues(dead)); got != 0 {
-		t.Errorf("health_check_status{upstream=dead}: got %v; want 0 after failed dials", got)
-	}
-}
-
-func TestProxyLastResortWhenNothingPickable(t *testing.T) {
-	alive := startUpstream(t, echo)
-	dead := deadAddr(t)
-	// Every check fails, so only the test decides the upstreams' state.
-	failing := func(context.Context, string) checkResult { return checkResult{err: errors.New("test: check failed")} }
-	var dialled dialLog
-	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, failing, dialled.wrap, alive.addr, dead)
-	// The dead upstream was healthy last, so the last-resort dial tries it
-	// first and its failure is the one that must not be counted.
-	px.pool.mu.Lock()
-	px.pool.upstreams[dead].lastHealthy = time.Now()
-	px.pool.mu.Unlock()
-	// Mark both unhealthy as two failed checks would.
-	for _, addr := range []string{alive.addr, dead} {
-		u := px.pool.upstreams[addr]
-		px.pool.reportCheck(u, checkResult{err: errors.New("test: check failed")})
-		px.pool.reportCheck(u, checkResult{err: errors.New("test: check failed")})
-	}
-	if px.pool.ready() {
-		t.Fatal("pool ready with every upstream unhealthy")
-	}
-	errsBefore := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(dead))
-	c := dialProxy(t, px.addr)
-	if err := roundTrip(c, []byte("still here")); err != nil {
-		t.Fatalf("last-resort connection: %v", err)
-	}
-	if !px.pool.ready() {
-		t.Error("a successful last-resort dial did not re-include its upstream")
-	}
-	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(dead)); got != errsBefore {
-		t.Errorf("connection_errors_total{upstream=dead}: got %v; want %v (last-resort failures are not counted)", got, errsBefore)
-	}
-	if got := dialled.list(); len(got) < 2 || got[0] != dead || got[1] != alive.addr {
-		t.Errorf("dials: got %v; want %s, then %s", got, dead, alive.addr)
-	}
-}
-
-// dialLog records the addresses a proxy dials, in order.
-type dialLog struct {
-	mu    sync.Mutex
-	addrs []string
-}
-
-func (l *dialLog) wrap(dial dialFunc) dialFunc {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		l.mu.Lock()
-		l.addrs = append(l.addrs, addr)
-		l.mu.Unlock()
-		return dial(ctx, network, addr)
-	}
-}
-
-func (l *dialLog) list() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.addrs)
-}
-
 func TestProxyRefusesClientWhenEveryDialFails(t *testing.T) {
 	px := startProxy(t, poolConfig{}, deadAddr(t), deadAddr(t))
 	c := dialProxy(t, px.addr)
@@ -467,6 +428,27 @@ func TestRefusedClientsAreCountedAndWarnedOfSparingly(t *testing.T) {
 	})
 }
 
+// TestDeadConnectionCountedOnce: dead_connections_closed_total counts a
+// connection whose copy met the kernel's ETIMEDOUT (keepalive or
+// TCP_USER_TIMEOUT gave up on its peer) once, though both directions may
+// meet it and the sweep may have counted it already; other ends, a
+// deadline of the proxy's own included, do not count.
+func TestDeadConnectionCountedOnce(t *testing.T) {
+	px := newProxy(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()), nil, time.Second, 1)
+	timedOut := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ETIMEDOUT)}
+	dead, alive, swept := &proxyConn{}, &proxyConn{}, &proxyConn{}
+	px.noteDead(dead, timedOut)
+	px.noteDead(dead, fmt.Errorf("write: %w", timedOut)) // the other direction
+	for _, err := range []error{nil, io.EOF, syscall.ECONNRESET, syscall.EPIPE, os.ErrDeadlineExceeded} {
+		px.noteDead(alive, err)
+	}
+	swept.dead.Store(true) // as closeStalledLocked leaves it
+	px.noteDead(swept, timedOut)
+	if got := testutil.ToFloat64(px.m.deadConnsClosed); got != 1 {
+		t.Errorf("dead_connections_closed_total: got %v; want 1", got)
+	}
+}
+
 func TestProxyKeepsServingWhileAnUpstreamDies(t *testing.T) {
 	a, b := startUpstream(t, echo), startUpstream(t, echo)
 	px := startProxy(t, poolConfig{}, a.addr, b.addr)
@@ -491,20 +473,28 @@ func attachedTo(px *testProxy, addr string) int {
 	return len(u.conns)
 }
 
+// TestProxyDrainsRemovedUpstream: a removed upstream keeps its open
+// connections for the drain timeout and gets no new ones; it counts in
+// drains_in_progress until the timeout closes them and it leaves the pool.
 func TestProxyDrainsRemovedUpstream(t *testing.T) {
 	a, b := startUpstream(t, echo), startUpstream(t, echo)
-	px := startProxy(t, poolConfig{drainTimeout: 500 * time.Millisecond}, a.addr)
+	const drain = time.Second
+	px := startProxy(t, poolConfig{drainTimeout: drain}, a.addr)
 	old := dialProxy(t, px.addr)
 	if err := roundTrip(old, []byte("before")); err != nil {
 		t.Fatal(err)
 	}
 	px.pool.update([]string{b.addr})
+	removed := time.Now()
 	// The old connection keeps working during the drain.
 	if err := roundTrip(old, []byte("during drain")); err != nil {
 		t.Fatalf("connection to draining upstream: %v", err)
 	}
 	if got := testutil.ToFloat64(px.m.upstreamsTotal); got != 2 {
 		t.Errorf("upstreams_total during drain: got %v; want 2", got)
+	}
+	if got := testutil.ToFloat64(px.m.drains); got != 1 {
+		t.Errorf("drains_in_progress during drain: got %v; want 1", got)
 	}
 	// New connections go to b only.
 	acceptedA := a.acceptedCount()
@@ -518,14 +508,23 @@ func TestProxyDrainsRemovedUpstream(t *testing.T) {
 	if got := a.acceptedCount(); got != acceptedA {
 		t.Errorf("draining upstream accepted %d new connections; want 0", got-acceptedA)
 	}
+	if time.Since(removed) > drain/2 {
+		t.Logf("the checks during the drain took %v of its %v", time.Since(removed), drain)
+	}
 	// After the timeout the old connection is closed and a leaves the pool.
 	_ = old.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := old.Read(make([]byte, 1)); err == nil || errors.Is(err, errTimeout(err)) {
 		t.Fatalf("read after drain timeout: got %v; want the connection closed", err)
 	}
+	if took := time.Since(removed); took < drain {
+		t.Errorf("connection to the removed upstream closed %v after its removal; want the drain timeout, %v", took, drain)
+	}
 	waitFor(t, "a to leave the pool", func() bool { return attachedTo(px, a.addr) == -1 })
 	if got := testutil.ToFloat64(px.m.upstreamsTotal); got != 1 {
 		t.Errorf("upstreams_total after drain: got %v; want 1", got)
+	}
+	if got := testutil.ToFloat64(px.m.drains); got != 0 {
+		t.Errorf("drains_in_progress after drain: got %v; want 0", got)
 	}
 	if n := testutil.CollectAndCount(px.m.healthStatus); n != 1 {
 		t.Errorf("health_check_status series after drain: got %d; want 1", n)
@@ -550,6 +549,9 @@ func TestProxyDrainTimeoutZeroClosesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	px.pool.update([]string{b.addr})
+	if got := testutil.ToFloat64(px.m.drains); got != 0 {
+		t.Errorf("drains_in_progress after removal with drain timeout 0: got %v; want 0", got)
+	}
 	_ = old.SetReadDeadline(time.Now().Add(2 * time.Second))
 	if _, err := old.Read(make([]byte, 1)); err == nil || errors.Is(err, errTimeout(err)) {
 		t.Fatalf("read after removal with drain timeout 0: got %v; want the connection closed", err)
@@ -565,7 +567,11 @@ func TestProxyReAddAbortsDrain(t *testing.T) {
 	}
 	px.pool.update([]string{b.addr})
 	px.pool.update([]string{a.addr, b.addr})
-	time.Sleep(600 * time.Millisecond) // twice the drain timeout: nothing may close
+	if got := testutil.ToFloat64(px.m.drains); got != 0 {
+		t.Errorf("drains_in_progress after re-add: got %v; want 0", got)
+	}
+	// Twice the drain timeout: the wait is the property under test.
+	time.Sleep(600 * time.Millisecond)
 	if err := roundTrip(old, []byte("after re-add")); err != nil {
 		t.Fatalf("connection after the drain was aborted: %v", err)
 	}
@@ -582,262 +588,14 @@ func TestProxyDrainEndsWhenLastConnectionCloses(t *testing.T) {
 		t.Fatal(err)
 	}
 	px.pool.update([]string{b.addr})
+	if got := testutil.ToFloat64(px.m.drains); got != 1 {
+		t.Errorf("drains_in_progress during drain: got %v; want 1", got)
+	}
 	_ = old.Close()
 	waitFor(t, "the drained upstream to leave the pool", func() bool { return attachedTo(px, a.addr) == -1 })
-}
-
-func TestProxyRetriesWhenUpstreamStartsDrainingDuringDial(t *testing.T) {
-	a, b := startUpstream(t, echo), startUpstream(t, echo)
-	var pl atomic.Pointer[pool] // set before the client connects
-	var once sync.Once
-	var dials atomic.Int32
-	px := startProxyDial(t, poolConfig{drainTimeout: time.Minute}, func(realDial dialFunc) dialFunc {
-		return func(ctx context.Context, network, addr string) (net.Conn, error) {
-			dials.Add(1)
-			c, err := realDial(ctx, network, addr)
-			once.Do(func() {
-				// The endpoint list changes while the first dial is in flight.
-				if addr == a.addr {
-					pl.Load().update([]string{b.addr})
-				} else {
-					pl.Load().update([]string{a.addr})
-				}
-			})
-			return c, err
-		}
-	}, a.addr, b.addr)
-	pl.Store(px.pool)
-	c := dialProxy(t, px.addr)
-	if err := roundTrip(c, []byte("retried")); err != nil {
-		t.Fatalf("connection whose upstream started draining during the dial: %v", err)
+	if got := testutil.ToFloat64(px.m.drains); got != 0 {
+		t.Errorf("drains_in_progress after the last connection closed: got %v; want 0", got)
 	}
-	if got := dials.Load(); got != 2 {
-		t.Errorf("upstream dials: got %d; want 2 (the drained one, then the retry)", got)
-	}
-}
-
-func TestConnLimit(t *testing.T) {
-	tests := []struct {
-		nofile uint64
-		want   int
-	}{
-		{0, 1},
-		{fdReserve, 1},
-		{1024, (1024 - fdReserve) / fdsPerConn},
-		{1 << 20, (1<<20 - fdReserve) / fdsPerConn},
-	}
-	for _, tt := range tests {
-		if got, by := maxConnections(tt.nofile, 0); got != tt.want || by != limitByFiles {
-			t.Errorf("maxConnections(%d, 0): got %d, %s; want %d, %s", tt.nofile, got, by, tt.want, limitByFiles)
-		}
-	}
-}
-
-func TestIsLocalExhaustion(t *testing.T) {
-	wrapped := fmt.Errorf("dial upstream x: %w", &net.OpError{Op: "dial", Err: fmt.Errorf("socket: %w", errEMFILE())})
-	if !isLocalExhaustion(wrapped) {
-		t.Errorf("isLocalExhaustion(%v): got false; want true", wrapped)
-	}
-	if refused := errors.New("connection refused"); isLocalExhaustion(refused) {
-		t.Errorf("isLocalExhaustion(%v): got true; want false", refused)
-	}
-}
-
-// TestHedgeFollowsFailedDial: the first dial fails after the hedge delay,
-// by which time a hedged dial is hanging on a black hole. The hanging dial
-// gets a hedge of its own, so the client waits about two hedge delays, not
-// the dial timeout.
-func TestHedgeFollowsFailedDial(t *testing.T) {
-	var addrs []string
-	for range 3 {
-		addrs = append(addrs, startUpstream(t, echo).addr)
-	}
-	var mu sync.Mutex
-	dials := 0
-	wrap := func(d dialFunc) dialFunc {
-		return func(ctx context.Context, network, addr string) (net.Conn, error) {
-			mu.Lock()
-			dials++
-			n := dials
-			mu.Unlock()
-			switch n {
-			case 1: // refused late, like a restarting API server
-				time.Sleep(300 * time.Millisecond)
-				return nil, syscall.ECONNREFUSED
-			case 2: // a black hole
-				<-ctx.Done()
-				return nil, ctx.Err()
-			}
-			return d(ctx, network, addr)
-		}
-	}
-	px := startProxyDial(t, poolConfig{}, wrap, addrs...)
-	waitFor(t, "a hedge delay from measured connects", func() bool { return px.pool.snap.Load().hedgeDelay < 100*time.Millisecond })
-	start := time.Now()
-	c := dialProxy(t, px.addr)
-	if err := roundTrip(c, []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	// About 0.4 s with the re-hedge; without it the client would wait
-	// for the dial timeout.
-	if took := time.Since(start); took > 1500*time.Millisecond {
-		t.Errorf("first byte after %v; want under 1.5 s (dial timeout %v)", took.Round(time.Millisecond), px.dialTimeout)
-	}
-}
-
-// TestCalledOffSlowDialGetsChecked: a dial called off because another won,
-// after it had run for the hedge delay, triggers a check of its upstream,
-// which may have vanished. A dial called off sooner does not, nor does a
-// slow dial that wins, which has shown its upstream alive, nor one that
-// was still waiting for descriptors, which never reached its upstream.
-func TestCalledOffSlowDialGetsChecked(t *testing.T) {
-	tests := []struct {
-		name string
-		// first and hedge are what the first dial and its hedge do before
-		// they dial for real: wait, or hang until called off.
-		first, hedge func(context.Context) error
-		wantChecked  [2]bool // the first dial's upstream, the hedge's
-	}{
-		{"slow first dial wins just after its hedge started", waitThen(600 * time.Millisecond), waitThen(600 * time.Millisecond), [2]bool{false, false}},
-		{"hanging first dial loses to its hedge", hang, waitThen(0), [2]bool{true, false}},
-		{"first dial out of descriptors loses to its hedge", outOfDescriptors, waitThen(0), [2]bool{false, false}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			a, b := startUpstream(t, echo), startUpstream(t, echo)
-			checks := newFakeChecks()
-			// A 125 ms connect time makes the hedge delay 500 ms.
-			checks.rtt[a.addr], checks.rtt[b.addr] = 125*time.Millisecond, 125*time.Millisecond
-			var mu sync.Mutex
-			var order []string // the upstreams dialed, each once
-			wrap := func(d dialFunc) dialFunc {
-				return func(ctx context.Context, network, addr string) (net.Conn, error) {
-					mu.Lock()
-					if !slices.Contains(order, addr) {
-						order = append(order, addr)
-					}
-					before := tt.first
-					if addr != order[0] {
-						before = tt.hedge
-					}
-					mu.Unlock()
-					if err := before(ctx); err != nil {
-						return nil, err
-					}
-					return d(ctx, network, addr)
-				}
-			}
-			px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
-			waitFor(t, "the first checks", func() bool { return checks.count(a.addr) == 1 && checks.count(b.addr) == 1 })
-			waitFor(t, "a 500 ms hedge delay", func() bool { return px.pool.snap.Load().hedgeDelay == 500*time.Millisecond })
-			if err := roundTrip(dialProxy(t, px.addr), []byte("x")); err != nil {
-				t.Fatal(err)
-			}
-			mu.Lock()
-			dialed := slices.Clone(order)
-			mu.Unlock()
-			if len(dialed) != 2 {
-				t.Fatalf("dials: got %v; want the first and its hedge", dialed)
-			}
-			// The requests, if any, were made before the client's bytes
-			// went through; the checks follow at once.
-			for i, addr := range dialed {
-				checked := rzSettle(500*time.Millisecond, func() bool { return checks.count(addr) > 1 })
-				if checked != tt.wantChecked[i] {
-					t.Errorf("upstream of dial %d (%s) checked again: got %v; want %v", i, addr, checked, tt.wantChecked[i])
-				}
-			}
-		})
-	}
-}
-
-// TestDialFailingAfterAnotherWonIsCounted: a dial that fails on its own
-// (refused, not called off) just after its hedge won is a failure of its
-// upstream like any other, counted in connection_errors_total.
-func TestDialFailingAfterAnotherWonIsCounted(t *testing.T) {
-	a, b := startUpstream(t, echo), startUpstream(t, echo)
-	checks := newFakeChecks()
-	// A 125 ms connect time makes the hedge delay 500 ms.
-	checks.rtt[a.addr], checks.rtt[b.addr] = 125*time.Millisecond, 125*time.Millisecond
-	var mu sync.Mutex
-	first := ""
-	wrap := func(d dialFunc) dialFunc {
-		return func(ctx context.Context, network, addr string) (net.Conn, error) {
-			mu.Lock()
-			if first == "" {
-				first = addr
-			}
-			isFirst := addr == first
-			mu.Unlock()
-			if isFirst { // refused late, and deaf to being called off
-				time.Sleep(700 * time.Millisecond)
-				return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
-			}
-			return d(ctx, network, addr)
-		}
-	}
-	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
-	waitFor(t, "a 500 ms hedge delay", func() bool { return px.pool.snap.Load().hedgeDelay == 500*time.Millisecond })
-	if err := roundTrip(dialProxy(t, px.addr), []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	lost := first
-	mu.Unlock()
-	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(lost)); got != 1 {
-		t.Errorf("connection_errors_total{upstream=%s} after its dial was refused as the hedge won: got %v; want 1", lost, got)
-	}
-}
-
-// TestLastResortFailureCountedWhileUpstreamsAvailable: in readyz mode an
-// unready but healthy upstream is dialled as a last resort once every
-// ready one has failed; some upstream was available, so its failure
-// counts, as the spec has it.
-func TestLastResortFailureCountedWhileUpstreamsAvailable(t *testing.T) {
-	ready, unready := deadAddr(t), deadAddr(t)
-	check := func(_ context.Context, addr string) checkResult {
-		if addr == unready {
-			return checkResult{probed: true, notReady: errors.New("test: not ready")}
-		}
-		return checkResult{probed: true}
-	}
-	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second, readyz: true}, check, nil, ready, unready)
-	waitFor(t, "one upstream ready, one not", func() bool {
-		return testutil.ToFloat64(px.m.upstreamReady.WithLabelValues(ready)) == 1 &&
-			testutil.ToFloat64(px.m.upstreamReady.WithLabelValues(unready)) == 0
-	})
-	c := dialProxy(t, px.addr)
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("read: got a byte through two refusing upstreams")
-	}
-	for _, addr := range []string{ready, unready} {
-		if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(addr)); got != 1 {
-			t.Errorf("connection_errors_total{upstream=%s}: got %v; want 1", addr, got)
-		}
-	}
-}
-
-// waitThen returns a dial step that waits d, or until ctx is done.
-func waitThen(d time.Duration) func(context.Context) error {
-	return func(ctx context.Context) error {
-		if !await(ctx, d, nil) {
-			return ctx.Err()
-		}
-		return nil
-	}
-}
-
-// outOfDescriptors is a dial step that fails as socket(2) does when the
-// process has no descriptor left.
-func outOfDescriptors(context.Context) error {
-	return &net.OpError{Op: "dial", Err: os.NewSyscallError("socket", errEMFILE())}
-}
-
-// hang is a dial step that hangs until ctx is done, like a black hole.
-func hang(ctx context.Context) error {
-	<-ctx.Done()
-	return ctx.Err()
 }
 
 // TestServeBacksOffFailingAccepts: the accept loop waits between failing
@@ -872,27 +630,6 @@ func TestServeBacksOffFailingAccepts(t *testing.T) {
 			t.Error(err)
 		}
 	})
-}
-
-func TestMaxConnections(t *testing.T) {
-	tests := []struct {
-		nofile, memory uint64
-		want           int
-		by             string
-	}{
-		{1 << 20, 0, (1<<20 - fdReserve) / fdsPerConn, limitByFiles},             // no memory limit
-		{1 << 20, 128 << 20, (128<<20 - memReserve) / memPerConn, limitByMemory}, // the chart's 128Mi
-		{1024, 128 << 20, (1024 - fdReserve) / fdsPerConn, limitByFiles},
-		{1 << 20, 32 << 20, 256, limitByMemory}, // a 32Mi limit
-		{1 << 20, memReserve, fewConnections, limitByMemory},
-		{1 << 20, 1 << 20, fewConnections, limitByMemory},
-		{1 << 20, 1 << 40, (1<<20 - fdReserve) / fdsPerConn, limitByFiles},
-	}
-	for _, tt := range tests {
-		if got, by := maxConnections(tt.nofile, tt.memory); got != tt.want || by != tt.by {
-			t.Errorf("maxConnections(%d, %d): got %d by %s; want %d by %s", tt.nofile, tt.memory, got, by, tt.want, tt.by)
-		}
-	}
 }
 
 // TestConnectionLimitIsLogged: being at the connection limit is logged with
