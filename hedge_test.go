@@ -424,7 +424,7 @@ func TestLastResortFailureCountedWhileUpstreamsAvailable(t *testing.T) {
 // waitThen returns a dial step that waits d, or until ctx is done.
 func waitThen(d time.Duration) func(context.Context) error {
 	return func(ctx context.Context) error {
-		if !await(ctx, d, nil) {
+		if !await(ctx.Done(), d) {
 			return ctx.Err()
 		}
 		return nil
