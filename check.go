@@ -10,6 +10,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 )
 
 // check reads the flags and EP_ variables exactly as a start would and
@@ -30,4 +32,34 @@ func check(args []string, getenv func(string) string, stdout io.Writer) error {
 	}
 	fmt.Fprintln(stdout, "extractedprism check: configuration is valid")
 	return nil
+}
+
+// ignoredSetting is a setting given a value that the rest of the
+// configuration makes irrelevant.
+type ignoredSetting struct {
+	flag    string
+	because string
+}
+
+// ignoredSettings lists the settings that have a value but no effect. They
+// are warnings, not errors: turning discovery off, or readyz probes back to
+// tcp, is an emergency change, which must not also need the settings that
+// go with them removed before the daemon starts again.
+func (c *config) ignoredSettings() []ignoredSetting {
+	var ignored []ignoredSetting
+	for name, value := range map[string]string{
+		"kubeconfig": c.Kubeconfig, "endpoint-cache-file": c.EndpointCacheFile,
+		"health-check-ca-file": c.HealthCheckCAFile, "health-check-cert-file": c.HealthCheckCertFile,
+		"health-check-key-file": c.HealthCheckKeyFile, "health-check-token-file": c.HealthCheckTokenFile,
+	} {
+		switch {
+		case value == "":
+		case strings.HasPrefix(name, "health-check-") && c.HealthCheck != checkReadyz:
+			ignored = append(ignored, ignoredSetting{name, flagRef("health-check") + " is " + c.HealthCheck})
+		case !strings.HasPrefix(name, "health-check-") && !c.EnableDiscovery:
+			ignored = append(ignored, ignoredSetting{name, flagRef("enable-discovery") + " is false"})
+		}
+	}
+	slices.SortFunc(ignored, func(a, b ignoredSetting) int { return strings.Compare(a.flag, b.flag) })
+	return ignored
 }

@@ -9,8 +9,6 @@ import (
 	"maps"
 	"net"
 	"net/netip"
-	"runtime"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -378,36 +376,6 @@ func (c *config) validateModes(v *violations) {
 	v.add(err == nil && a.Zone() != "", "health-check-server-name", "must not have an IPv6 zone: got %q", name)
 }
 
-// ignoredSetting is a setting given a value that the rest of the
-// configuration makes irrelevant.
-type ignoredSetting struct {
-	flag    string
-	because string
-}
-
-// ignoredSettings lists the settings that have a value but no effect. They
-// are warnings, not errors: turning discovery off, or readyz probes back to
-// tcp, is an emergency change, which must not also need the settings that
-// go with them removed before the daemon starts again.
-func (c *config) ignoredSettings() []ignoredSetting {
-	var ignored []ignoredSetting
-	for name, value := range map[string]string{
-		"kubeconfig": c.Kubeconfig, "endpoint-cache-file": c.EndpointCacheFile,
-		"health-check-ca-file": c.HealthCheckCAFile, "health-check-cert-file": c.HealthCheckCertFile,
-		"health-check-key-file": c.HealthCheckKeyFile, "health-check-token-file": c.HealthCheckTokenFile,
-	} {
-		switch {
-		case value == "":
-		case strings.HasPrefix(name, "health-check-") && c.HealthCheck != checkReadyz:
-			ignored = append(ignored, ignoredSetting{name, flagRef("health-check") + " is " + c.HealthCheck})
-		case !strings.HasPrefix(name, "health-check-") && !c.EnableDiscovery:
-			ignored = append(ignored, ignoredSetting{name, flagRef("enable-discovery") + " is false"})
-		}
-	}
-	slices.SortFunc(ignored, func(a, b ignoredSetting) int { return strings.Compare(a.flag, b.flag) })
-	return ignored
-}
-
 // normalizeEndpoints checks the --endpoints entries and returns them
 // normalized, each once in the order first given, or one error listing
 // every bad entry.
@@ -528,41 +496,6 @@ func validLabel(label string) bool {
 		return false
 	}
 	return strings.Trim(strings.ToLower(label), "abcdefghijklmnopqrstuvwxyz0123456789-") == ""
-}
-
-// Version and Revision are written by the linker alone, at release:
-// -ldflags "-X main.Version=... -X main.Revision=...". Without them
-// versionInfo falls back to what the go command recorded in the build.
-var Version, Revision string
-
-// versionInfo returns the stamped version and revision, or else those of
-// the build info (a module version under go install, the VCS tag and
-// commit in a checkout), or "devel" and "unknown".
-func versionInfo() (version, revision string) {
-	version, revision = Version, Revision
-	if info, ok := debug.ReadBuildInfo(); ok {
-		if version == "" && info.Main.Version != "(devel)" {
-			version = info.Main.Version
-		}
-		for _, s := range info.Settings {
-			if revision == "" && s.Key == "vcs.revision" {
-				revision = s.Value
-			}
-		}
-	}
-	if version == "" {
-		version = "devel"
-	}
-	if revision == "" {
-		revision = "unknown"
-	}
-	return version, revision
-}
-
-// versionLine is what --version prints.
-func versionLine() string {
-	version, revision := versionInfo()
-	return fmt.Sprintf("extractedprism %s (revision %s, %s)", version, revision, runtime.Version())
 }
 
 // Levels above slog.LevelError for the three zap level names --log-level

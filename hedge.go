@@ -226,3 +226,11 @@ func isLocalExhaustion(err error) bool {
 	}
 	return false
 }
+
+// confirmSlow asks for a check of u now, after a dial to it was called off
+// slow, while u is included.
+func (p *pool) confirmSlow(u *upstream) {
+	p.mu.Lock()
+	defer p.unlock()
+	p.confirmLocked(u)
+}

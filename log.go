@@ -7,11 +7,15 @@ package main
 
 import (
 	"bytes"
-	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -124,5 +128,70 @@ func (s *logSink) write(r []byte) {
 // interrupted, and the process ending is what ends it then.
 func (s *logSink) close(timeout time.Duration) bool {
 	close(s.stop)
-	return !await(context.Background(), timeout, s.done)
+	return !await(s.done, timeout)
+}
+
+// rateLog spaces a repeated warning: the first is logged at once, later ones
+// at most once per every, each with how many happened since the last line.
+type rateLog struct {
+	every time.Duration
+	mu    sync.Mutex // guards the fields below
+	last  time.Time  // of the last line; zero before the first
+	count int        // since the last line
+}
+
+// note counts one occurrence and reports whether a line is due now, with
+// the occurrences it accounts for.
+func (r *rateLog) note() (n int, due bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.count++
+	if !r.last.IsZero() && time.Since(r.last) < r.every {
+		return 0, false
+	}
+	n, r.count, r.last = r.count, 0, time.Now()
+	return n, true
+}
+
+// await waits until done is closed or d passes, and reports whether d
+// passed first; a context's Done channel makes it a sleep that ends early.
+// It is the daemon's one timed wait.
+func await(done <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-done:
+		return false
+	}
+}
+
+// startLogging returns the daemon's logger, writing through a logSink to
+// stderr, and the function that flushes it at exit.
+func startLogging(level slog.Level, stderr io.Writer) (*slog.Logger, func()) {
+	// A write to a closed stderr (a log shipper or `| tee` that went away)
+	// would kill the daemon with SIGPIPE and drop every proxied connection.
+	// With SIGPIPE notified the write just fails. Unlike signal.Ignore,
+	// this is not inherited by programs the daemon starts (a kubeconfig
+	// credential plugin).
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, syscall.SIGPIPE)
+	sink := newLogSink(stderr)
+	go sink.run()
+	return newLogger(level, sink), func() {
+		// A writer still stuck after the flush's bound may yet meet a
+		// closed pipe, so SIGPIPE then stays caught until the exit.
+		if sink.close(logFlushTimeout) {
+			signal.Stop(pipes)
+		}
+	}
+}
+
+// writeExitError writes the final error line, waiting for it at most as
+// long as for the log: a reader that stopped reading must not hold the exit.
+func writeExitError(w io.Writer, err error) {
+	written := make(chan struct{})
+	go func() { fmt.Fprintln(w, "extractedprism:", err); close(written) }()
+	await(written, logFlushTimeout)
 }

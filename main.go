@@ -115,14 +115,6 @@ func main() {
 	}
 }
 
-// writeExitError writes the final error line, waiting for it at most as
-// long as for the log: a reader that stopped reading must not hold the exit.
-func writeExitError(w io.Writer, err error) {
-	written := make(chan struct{})
-	go func() { fmt.Fprintln(w, "extractedprism:", err); close(written) }()
-	await(context.Background(), logFlushTimeout, written)
-}
-
 // run runs the command args name until ctx is done: the daemon, or the
 // check or status subcommand. Help and version output are not errors.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -161,27 +153,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	d := newDaemon(cfg, log, lbLn.Addr().String())
 	d.hangups = hangups
 	return d.run(ctx, lbLn, healthLn)
-}
-
-// startLogging returns the daemon's logger, writing through a logSink to
-// stderr, and the function that flushes it at exit.
-func startLogging(level slog.Level, stderr io.Writer) (*slog.Logger, func()) {
-	// A write to a closed stderr (a log shipper or `| tee` that went away)
-	// would kill the daemon with SIGPIPE and drop every proxied connection.
-	// With SIGPIPE notified the write just fails. Unlike signal.Ignore,
-	// this is not inherited by programs the daemon starts (a kubeconfig
-	// credential plugin).
-	pipes := make(chan os.Signal, 1)
-	signal.Notify(pipes, syscall.SIGPIPE)
-	sink := newLogSink(stderr)
-	go sink.run()
-	return newLogger(level, sink), func() {
-		// A writer still stuck after the flush's bound may yet meet a
-		// closed pipe, so SIGPIPE then stays caught until the exit.
-		if sink.close(logFlushTimeout) {
-			signal.Stop(pipes)
-		}
-	}
 }
 
 // listen opens the proxy's and the health server's listeners, so that a
@@ -334,7 +305,7 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 func waitShutdown(wait func()) bool {
 	done := make(chan struct{})
 	go func() { wait(); close(done) }()
-	return !await(context.Background(), shutdownTimeout, done)
+	return !await(done, shutdownTimeout)
 }
 
 // logStart logs the start-up line, and a warning when the limits leave room
@@ -343,15 +314,7 @@ func (d *daemon) logStart(listen, health string) {
 	limit := cap(d.proxy.slots)
 	d.log.Info("starting", "version", versionLine(), "listen", listen, "health", health, "endpoints", d.cfg.Endpoints,
 		"max_connections", limit, "limited_by", d.limitBy)
-	switch {
-	case limit >= fewConnections:
-	case d.limitBy == limitByMemory:
-		d.log.Warn("the memory limit allows few proxied connections; raise it (the container's memory limit)",
-			"max_connections", limit, "bytes_per_connection", memPerConn, "reserved_bytes", memReserve)
-	default:
-		d.log.Warn("the open-files limit allows few proxied connections; raise it (ulimit -n, LimitNOFILE)",
-			"max_connections", limit, "descriptors_per_connection", fdsPerConn, "reserved_descriptors", fdReserve)
-	}
+	warnFewConnections(d.log, limit, d.limitBy)
 }
 
 // loop is the run loop: it applies endpoint lists to the pool and beats the

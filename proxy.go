@@ -129,7 +129,7 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 			backoff = p.acceptRecovered(ln)
 		default:
 			backoff = p.acceptFailed(err, backoff)
-			if await(ctx, backoff, nil) {
+			if await(ctx.Done(), backoff) {
 				// accept4 fails with EMFILE even with no client waiting,
 				// as it takes a descriptor first; a short deadline on the
 				// next try tells "works, nobody waiting" from "still out".
@@ -375,41 +375,4 @@ func (p *proxy) shutdown() error {
 		return fmt.Errorf("proxy goroutines still running after %s", shutdownTimeout)
 	}
 	return nil
-}
-
-// await waits until done is closed, ctx ends or d passes, and reports
-// whether d passed first. A nil done is never ready. It is the daemon's
-// one timed wait.
-func await(ctx context.Context, d time.Duration, done <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-done:
-	case <-ctx.Done():
-	}
-	return false
-}
-
-// rateLog spaces a repeated warning: the first is logged at once, later ones
-// at most once per every, each with how many happened since the last line.
-type rateLog struct {
-	every time.Duration
-	mu    sync.Mutex // guards the fields below
-	last  time.Time  // of the last line; zero before the first
-	count int        // since the last line
-}
-
-// note counts one occurrence and reports whether a line is due now, with
-// the occurrences it accounts for.
-func (r *rateLog) note() (n int, due bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.count++
-	if !r.last.IsZero() && time.Since(r.last) < r.every {
-		return 0, false
-	}
-	n, r.count, r.last = r.count, 0, time.Now()
-	return n, true
 }
