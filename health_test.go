@@ -7,9 +7,11 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func TestHeartbeatAlive(t *testing.T) {
@@ -550,10 +553,343 @@ func TestServeHealthSurvivesAcceptErrors(t *testing.T) {
 	})
 }
 
-// closeRecorder is the server end of a net.Pipe that records being closed.
+// TestConnCap feeds the cap's ConnState hook the state reports net/http
+// makes, on in-memory connections and a cap of two. net/http reports
+// StateNew on accept, StateActive once a request's headers are read,
+// StateIdle once its reply is out, and StateClosed or StateHijacked at the
+// end, also for a connection the cap closed.
+func TestConnCap(t *testing.T) {
+	type report struct {
+		conn  string
+		state http.ConnState
+	}
+	var (
+		aNew, bNew, cNew, dNew, eNew = report{"a", http.StateNew}, report{"b", http.StateNew}, report{"c", http.StateNew}, report{"d", http.StateNew}, report{"e", http.StateNew}
+		aActive, bActive             = report{"a", http.StateActive}, report{"b", http.StateActive}
+		aIdle                        = report{"a", http.StateIdle}
+		aClosed, bClosed, cClosed    = report{"a", http.StateClosed}, report{"b", http.StateClosed}, report{"c", http.StateClosed}
+		bHijacked                    = report{"b", http.StateHijacked}
+	)
+	tests := []struct {
+		name                 string
+		reports              []report
+		wantClosed           []string // by the cap, sorted; a name twice if closed twice
+		wantWaiting, wantNew float64  // health_connections_closed_total by reason
+		wantCounted          int      // the connections the cap holds at the end
+	}{
+		{
+			name:        "below the cap nothing is closed",
+			reports:     []report{aNew, bNew},
+			wantCounted: 2,
+		},
+		{
+			name:        "at the cap the longest unread is closed",
+			reports:     []report{aNew, bNew, cNew},
+			wantClosed:  []string{"a"},
+			wantWaiting: 1, wantCounted: 2,
+		},
+		{
+			name:        "an idle connection waits from when it went idle",
+			reports:     []report{aNew, bNew, aActive, aIdle, cNew},
+			wantClosed:  []string{"b"},
+			wantWaiting: 1, wantCounted: 2,
+		},
+		{
+			name:        "the longest idle goes before a newer unread one",
+			reports:     []report{aNew, aActive, aIdle, bNew, cNew},
+			wantClosed:  []string{"a"},
+			wantWaiting: 1, wantCounted: 2,
+		},
+		{
+			name:        "never one inside a request",
+			reports:     []report{aNew, aActive, bNew, cNew},
+			wantClosed:  []string{"b"},
+			wantWaiting: 1, wantCounted: 2,
+		},
+		{
+			name:       "all inside requests: the new one is closed",
+			reports:    []report{aNew, aActive, bNew, bActive, cNew},
+			wantClosed: []string{"c"},
+			wantNew:    1, wantCounted: 2,
+		},
+		{
+			name:        "a closed or hijacked connection frees its slot",
+			reports:     []report{aNew, bNew, aClosed, bHijacked, cNew, dNew},
+			wantCounted: 2,
+		},
+		{
+			name:        "a connection the cap closed stops counting at once",
+			reports:     []report{aNew, bNew, cNew, bClosed, dNew},
+			wantClosed:  []string{"a"},
+			wantWaiting: 1, wantCounted: 2,
+		},
+		{
+			// Its serving goroutine may have read part of a request when
+			// the cap closed it, and reports StateActive, and an idle one
+			// may report StateIdle, before StateClosed.
+			name:        "the later reports of a connection the cap closed do not count it again",
+			reports:     []report{aNew, bNew, cNew, aActive, aIdle, bClosed, cClosed, dNew, eNew, aClosed},
+			wantClosed:  []string{"a"},
+			wantWaiting: 1, wantCounted: 2,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newMetrics(prometheus.NewRegistry())
+			cc := newConnCap(2, slog.New(slog.DiscardHandler), m)
+			conns := map[string]*closeRecorder{}
+			for _, r := range tt.reports {
+				if conns[r.conn] == nil {
+					conns[r.conn] = newCloseRecorder()
+				}
+				cc.track(conns[r.conn], r.state)
+			}
+			var closed []string
+			for _, name := range slices.Sorted(maps.Keys(conns)) {
+				for range conns[name].closes.Load() {
+					closed = append(closed, name)
+				}
+			}
+			if !slices.Equal(closed, tt.wantClosed) {
+				t.Errorf("closed: got %q; want %q", closed, tt.wantClosed)
+			}
+			for reason, want := range map[string]float64{reasonWaiting: tt.wantWaiting, reasonNew: tt.wantNew} {
+				if got := testutil.ToFloat64(m.healthConnsClosed.WithLabelValues(reason)); got != want {
+					t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
+				}
+			}
+			cc.mu.Lock()
+			defer cc.mu.Unlock()
+			if got := len(cc.members); got != tt.wantCounted {
+				t.Errorf("connections counted: got %d; want %d", got, tt.wantCounted)
+			}
+		})
+	}
+}
+
+// TestConnCapWarnsOncePerMinute closes a connection at the cap now and then
+// for two minutes: the first closing is logged at once, the later ones at
+// most once a minute, each line with the closings since the one before.
+func TestConnCapWarnsOncePerMinute(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf lockedBuffer
+		cc := newConnCap(1, slog.New(slog.NewTextHandler(&buf, nil)), newMetrics(prometheus.NewRegistry()))
+		cc.track(newCloseRecorder(), http.StateNew) // at the cap from here on
+		start := time.Now()
+		steps := []struct {
+			at        time.Duration // since start
+			closings  int           // connections closed at the cap then
+			wantLines []string      // the closed= fields logged so far
+		}{
+			{0, 1, []string{"closed=1"}},
+			{warnEvery - time.Second, 2, []string{"closed=1"}},
+			{warnEvery, 1, []string{"closed=1", "closed=3"}},
+			{warnEvery + time.Second, 1, []string{"closed=1", "closed=3"}},
+			{2 * warnEvery, 1, []string{"closed=1", "closed=3", "closed=2"}},
+		}
+		for _, s := range steps {
+			time.Sleep(time.Until(start.Add(s.at)))
+			for range s.closings {
+				cc.track(newCloseRecorder(), http.StateNew)
+			}
+			var got []string
+			for line := range strings.Lines(buf.String()) {
+				if !strings.Contains(line, "level=WARN") || !strings.Contains(line, "health server at its connection limit") || !strings.Contains(line, "limit=1") {
+					t.Errorf("log line: got %q; want a warning about the connection limit of 1", line)
+				}
+				for field := range strings.FieldsSeq(line) {
+					if strings.HasPrefix(field, "closed=") {
+						got = append(got, field)
+					}
+				}
+			}
+			if !slices.Equal(got, s.wantLines) {
+				t.Errorf("at %v: got %q; want %q", s.at, got, s.wantLines)
+			}
+		}
+	})
+}
+
+// slowCloser is a connection whose Close, once called, signals closing and
+// waits for release.
+type slowCloser struct {
+	net.Conn
+	closing, release chan struct{}
+}
+
+func (c *slowCloser) Close() error {
+	close(c.closing)
+	<-c.release
+	return c.Conn.Close()
+}
+
+// TestConnCapClosesItsPickBeforeItsNextReport holds the cap in the Close of
+// the connection it picked and meanwhile reports that connection inside a
+// request, as its serving goroutine would once it has read one. The report
+// must wait for the close: taken up before it, the request is served and
+// then cut off, or answered on a connection counted as closed.
+func TestConnCapClosesItsPickBeforeItsNextReport(t *testing.T) {
+	t.Skip("product issue: connCap.track closes its pick after releasing its lock (see the tests-health report)")
+	cc := newConnCap(1, slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()))
+	server, _ := net.Pipe()
+	pick := &slowCloser{Conn: server, closing: make(chan struct{}), release: make(chan struct{})}
+	cc.track(pick, http.StateNew)
+	var wg sync.WaitGroup
+	wg.Go(func() { cc.track(newCloseRecorder(), http.StateNew) })
+	select {
+	case <-pick.closing:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the cap did not close its pick")
+	}
+	reported := make(chan struct{})
+	wg.Go(func() {
+		cc.track(pick, http.StateActive)
+		close(reported)
+	})
+	// Nothing is expected within the window: the report must wait.
+	select {
+	case <-reported:
+		t.Error("StateActive of the connection being closed: got it taken up during the close; want it to wait for the close")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(pick.release)
+	wg.Wait()
+}
+
+// TestHealthServerCapClosesOldestIdle fills the real health server with
+// twice its cap of keep-alive connections, each idle after one request, as
+// a local process hoarding connections would. Each one past the cap closes
+// the oldest, and a probe from a new client is still answered at once.
+func TestHealthServerCapClosesOldestIdle(t *testing.T) {
+	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
+	// Each connection is known idle before the next one opens, so which
+	// is oldest is well defined.
+	idle := make(chan struct{}, 1)
+	srv := startHealthServer(t, handler, func(s *http.Server) { s.ConnState = reportIdle(s.ConnState, idle) })
+
+	conns := make([]*keepAliveConn, 2*healthMaxConns)
+	for i := range conns {
+		conns[i] = dialKeepAlive(t, srv.addr)
+		if code, err := conns[i].get("/healthz"); err != nil || code != http.StatusOK {
+			t.Fatalf("connection %d: got %d, %v; want %d", i, code, err, http.StatusOK)
+		}
+		select {
+		case <-idle:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("connection %d never became idle", i)
+		}
+	}
+
+	// A kubelet probe: a new connection, one request.
+	start := time.Now()
+	if code, _, _ := do(t, newTestClient(t), http.MethodGet, srv.url+"/healthz"); code != http.StatusOK {
+		t.Errorf("probe: got %d; want %d", code, http.StatusOK)
+	}
+	if elapsed := time.Since(start); elapsed > time.Second {
+		t.Errorf("probe answered after %v; want within 1s", elapsed)
+	}
+
+	// The probe closed the oldest survivor, so the first healthMaxConns+1
+	// are closed, and the rest, with the probe's, made healthMaxConns.
+	deadline := time.Now().Add(3 * time.Second)
+	for i, k := range conns[:healthMaxConns+1] {
+		if !k.closed(deadline) {
+			t.Errorf("connection %d of %d: got it open; want it closed", i, len(conns))
+		}
+	}
+	for i, k := range conns[healthMaxConns+1:] {
+		if code, err := k.get("/healthz"); err != nil || code != http.StatusOK {
+			t.Errorf("connection %d of %d: got %d, %v; want it open and answering %d",
+				healthMaxConns+1+i, len(conns), code, err, http.StatusOK)
+		}
+	}
+	for reason, want := range map[string]float64{reasonWaiting: healthMaxConns + 1, reasonNew: 0} {
+		if got := testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reason)); got != want {
+			t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
+		}
+	}
+}
+
+// reportIdle wraps the ConnState hook track, sending on idle, without
+// blocking, whenever a connection turns idle.
+func reportIdle(track func(net.Conn, http.ConnState), idle chan<- struct{}) func(net.Conn, http.ConnState) {
+	return func(c net.Conn, state http.ConnState) {
+		track(c, state)
+		if state == http.StateIdle {
+			select {
+			case idle <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// TestHealthServerCapClosesNewWhenAllInRequests holds every connection the
+// real health server allows inside a handler: a new connection is closed
+// unanswered, none of those inside a request is, and once they end the
+// server answers again.
+func TestHealthServerCapClosesNewWhenAllInRequests(t *testing.T) {
+	entered := make(chan struct{}, healthMaxConns)
+	release := make(chan struct{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("/block", func(w http.ResponseWriter, r *http.Request) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		writeOK(w)
+	})
+	mux.Handle("/", newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry()))
+	srv := startHealthServer(t, mux, nil)
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll) // before the server stops: cleanups run last first
+
+	busy := make([]*keepAliveConn, healthMaxConns)
+	for i := range busy {
+		busy[i] = dialKeepAlive(t, srv.addr)
+		if err := busy[i].send("/block"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	timeout := time.After(5 * time.Second)
+	for i := range busy {
+		select {
+		case <-entered:
+		case <-timeout:
+			t.Fatalf("%d of %d requests reached the handler; want all", i, len(busy))
+		}
+	}
+
+	extra := dialKeepAlive(t, srv.addr)
+	if err := extra.send("/healthz"); err != nil {
+		t.Fatal(err)
+	}
+	if !extra.closed(time.Now().Add(3 * time.Second)) {
+		t.Error("new connection with every connection inside a request: got it open or answered; want it closed unanswered")
+	}
+	for reason, want := range map[string]float64{reasonWaiting: 0, reasonNew: 1} {
+		if got := testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reason)); got != want {
+			t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
+		}
+	}
+
+	releaseAll()
+	for i, k := range busy {
+		if code, err := k.response(); err != nil || code != http.StatusOK {
+			t.Errorf("connection %d inside a request, after release: got %d, %v; want %d", i, code, err, http.StatusOK)
+		}
+	}
+	if code, _, _ := do(t, newTestClient(t), http.MethodGet, srv.url+"/healthz"); code != http.StatusOK {
+		t.Errorf("probe after release: got %d; want %d", code, http.StatusOK)
+	}
+}
+
+// closeRecorder is the server end of a net.Pipe that counts its closes.
 type closeRecorder struct {
 	net.Conn
-	closed atomic.Bool
+	closes atomic.Int32
 }
 
 func newCloseRecorder() *closeRecorder {
@@ -562,7 +898,7 @@ func newCloseRecorder() *closeRecorder {
 }
 
 func (c *closeRecorder) Close() error {
-	c.closed.Store(true)
+	c.closes.Add(1)
 	return c.Conn.Close()
 }
 
@@ -712,6 +1048,12 @@ func startHealthServerWithLog(t *testing.T, handler http.Handler, adjust func(*h
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveHealthOn(t, ln, handler, adjust, log)
+}
+
+// serveHealthOn is startHealthServerWithLog on a listener of the caller's.
+func serveHealthOn(t *testing.T, ln net.Listener, handler http.Handler, adjust func(*http.Server), log *slog.Logger) *testHealthServer {
+	t.Helper()
 	m := newMetrics(prometheus.NewRegistry())
 	srv := newHealthServer(ln.Addr().String(), handler, log, m)
 	if adjust != nil {
@@ -801,8 +1143,9 @@ func (b *lockedBuffer) String() string {
 
 // A request with a body, which no health endpoint reads, is answered as
 // usual and its connection closed at once, not held while net/http waits
-// for a body the client never sends: 64 such connections would otherwise
-// hold every slot of the connection limit for the read timeout.
+// for a body the client never sends: healthMaxConns such connections would
+// otherwise stay inside a request, where the cap never closes them, for the
+// read timeout, and the cap would close every probe meanwhile.
 func TestHealthServerDropsBodies(t *testing.T) {
 	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
 	srv := startHealthServer(t, handler, nil)
