@@ -729,7 +729,6 @@ func (c *slowCloser) Close() error {
 // must wait for the close: taken up before it, the request is served and
 // then cut off, or answered on a connection counted as closed.
 func TestConnCapClosesItsPickBeforeItsNextReport(t *testing.T) {
-	t.Skip("product issue: connCap.track closes its pick after releasing its lock (see the tests-health report)")
 	cc := newConnCap(1, slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()))
 	server, _ := net.Pipe()
 	pick := &slowCloser{Conn: server, closing: make(chan struct{}), release: make(chan struct{})}

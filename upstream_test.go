@@ -510,7 +510,6 @@ func TestPoolCloseStopsPendingDeadlines(t *testing.T) {
 // up to the drain timeout for an eviction. Reporting after close stands in
 // for that race, which a bubble cannot stage (the probe waits on the lock).
 func TestNoDeadlineArmedOnceClosed(t *testing.T) {
-	t.Skip("product issue: pool.arm ignores p.closed, so a check reported during close arms a deadline close waits for (report: arm after close)")
 	synctest.Test(t, func(t *testing.T) {
 		const a = "10.0.0.1:6443"
 		cfg := defaultTestPool
