@@ -2,22 +2,16 @@ package main
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"log/slog"
-	"net/netip"
 	"os"
 	"reflect"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 )
 
@@ -655,58 +649,6 @@ func TestParseLogLevel(t *testing.T) {
 	}
 }
 
-func TestNewLogger(t *testing.T) {
-	tests := []struct {
-		threshold slog.Level
-		level     slog.Level
-		want      string // the printed level; "" when the record is dropped
-	}{
-		{threshold: slog.LevelDebug, level: slog.LevelDebug, want: "DEBUG"},
-		{threshold: slog.LevelInfo, level: slog.LevelDebug, want: ""},
-		{threshold: slog.LevelInfo, level: slog.LevelError, want: "ERROR"},
-		{threshold: slog.LevelInfo, level: levelDPanic, want: "DPANIC"},
-		{threshold: slog.LevelInfo, level: levelPanic, want: "PANIC"},
-		{threshold: slog.LevelInfo, level: levelFatal, want: "FATAL"},
-		{threshold: levelPanic, level: slog.LevelError, want: ""},
-		{threshold: levelPanic, level: levelFatal, want: "FATAL"},
-	}
-	for _, tt := range tests {
-		t.Run(fmt.Sprintf("%v at %v", tt.level, tt.threshold), func(t *testing.T) {
-			var out bytes.Buffer
-			newLogger(tt.threshold, &out).Log(context.Background(), tt.level, "hello")
-			if tt.want == "" {
-				if out.Len() != 0 {
-					t.Errorf("got %q; want nothing", out.String())
-				}
-				return
-			}
-			var record struct {
-				Level string `json:"level"`
-				Msg   string `json:"msg"`
-			}
-			if err := json.Unmarshal(out.Bytes(), &record); err != nil {
-				t.Fatalf("decode %q: got %v; want nil", out.String(), err)
-			}
-			if record.Level != tt.want || record.Msg != "hello" {
-				t.Errorf("got level %q msg %q; want level %q msg %q", record.Level, record.Msg, tt.want, "hello")
-			}
-		})
-	}
-}
-
-// Durations are logged as text: JSON would have them in nanoseconds.
-func TestLoggerWritesDurationsAsText(t *testing.T) {
-	var out bytes.Buffer
-	newLogger(slog.LevelInfo, &out).With("interval", 20*time.Second).Info("hello", "timeout", 1500*time.Millisecond)
-	var record map[string]any
-	if err := json.Unmarshal(out.Bytes(), &record); err != nil {
-		t.Fatalf("decode %q: %v", out.String(), err)
-	}
-	if record["timeout"] != "1.5s" || record["interval"] != "20s" {
-		t.Errorf("durations: got timeout %v, interval %v; want \"1.5s\", \"20s\" in %s", record["timeout"], record["interval"], out.String())
-	}
-}
-
 // A bad value on the command line gets the same kind of message as one in
 // an EP_ variable: the flag, its variable, the kind of value and the value.
 func TestParseConfigMalformedFlag(t *testing.T) {
@@ -719,12 +661,32 @@ func TestParseConfigMalformedFlag(t *testing.T) {
 		{`--health-timeout=say "1s"`, `--health-timeout (EP_HEALTH_TIMEOUT): invalid duration "say \"1s\""`},
 		{"--no-such-flag", "flag provided but not defined: -no-such-flag (--help lists the flags)"},
 		{"-no-such-flag=1", "flag provided but not defined: -no-such-flag (--help lists the flags)"},
+		{"--bind-port", "flag needs an argument: -bind-port (--help lists the flags)"},
 	}
 	for _, tt := range tests {
 		_, err := parseConfig([]string{"--endpoints=" + testEndpoint, tt.arg}, envOf(nil), io.Discard)
 		if err == nil || err.Error() != tt.want {
 			t.Errorf("%s: got %v; want %s", tt.arg, err, tt.want)
 		}
+	}
+}
+
+// Of a flag given twice the last value counts, good or bad, as the flag
+// package has it; a boolean flag stands alone, without taking the next
+// argument as its value.
+func TestParseConfigLastValueCounts(t *testing.T) {
+	env := envOf(map[string]string{"EP_ENABLE_DISCOVERY": "false"})
+	cfg, err := parseConfig([]string{"--endpoints=" + testEndpoint, "--bind-port=seven", "--enable-discovery=maybe",
+		"--bind-port=7000", "--enable-discovery", "--health-port=7001"}, env, io.Discard)
+	if err != nil {
+		t.Fatalf("parseConfig: got %v; want nil", err)
+	}
+	if cfg.BindPort != 7000 || cfg.HealthPort != 7001 || !cfg.EnableDiscovery {
+		t.Errorf("got ports %d, %d, discovery %v; want 7000, 7001, true", cfg.BindPort, cfg.HealthPort, cfg.EnableDiscovery)
+	}
+	_, err = parseConfig([]string{"--endpoints=" + testEndpoint, "--bind-port=7000", "--bind-port=seven"}, envOf(nil), io.Discard)
+	if want := `--bind-port (EP_BIND_PORT): invalid port "seven"`; err == nil || err.Error() != want {
+		t.Errorf("a good value, then a bad one: got %v; want %s", err, want)
 	}
 }
 
@@ -790,196 +752,4 @@ func TestParseConfigReportsEveryBadValue(t *testing.T) {
 	if err == nil || err.Error() != want {
 		t.Errorf("got %v; want\n%s", err, want)
 	}
-}
-
-func TestOwnListener(t *testing.T) {
-	local := []netip.Addr{netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("fd00::5")}
-	tests := []struct {
-		endpoint, listen string
-		want             bool
-	}{
-		{"127.0.0.1:7445", "127.0.0.1:7445", true},
-		{"127.0.0.1:7446", "127.0.0.1:7445", false},
-		{"127.0.0.2:7445", "127.0.0.1:7445", false}, // refused, not a loop
-		{"0.0.0.0:7445", "127.0.0.1:7445", true},    // Linux dials 0.0.0.0 as this host
-		{"localhost:7445", "127.0.0.1:7445", true},
-		{"localhost.:7445", "127.0.0.1:7445", true}, // fully qualified
-		{"LOCALHOST:7445", "[::1]:7445", true},
-		{"[::ffff:127.0.0.1]:7445", "127.0.0.1:7445", true},
-		{"[::1]:7445", "[::]:7445", true},
-		{"127.0.0.1:7445", "0.0.0.0:7445", true},
-		{"10.1.2.3:7445", "0.0.0.0:7445", true}, // a wildcard listener answers on every interface
-		{"[fd00::5]:7445", "[::]:7445", true},
-		{"10.1.2.4:7445", "0.0.0.0:7445", false},
-		{"10.1.2.3:7445", "10.1.2.3:7445", true},
-		{"10.1.2.3:7445", "127.0.0.1:7445", false},
-		{"0.0.0.0:7445", "10.1.2.3:7445", true},
-		{"api.example.com:7445", "0.0.0.0:7445", false}, // not resolved
-		{"10.0.0.1:6443", "not an address", false},
-	}
-	for _, tt := range tests {
-		if got := ownListener(tt.endpoint, tt.listen, local); got != tt.want {
-			t.Errorf("ownListener(%q, %q) = %v; want %v", tt.endpoint, tt.listen, got, tt.want)
-		}
-	}
-}
-
-// An --endpoints entry that is the proxy's own listener is refused before
-// anything listens: the proxy would be its own upstream.
-func TestParseConfigRefusesOwnListener(t *testing.T) {
-	for _, args := range [][]string{
-		{"--endpoints=10.0.0.1:6443,127.0.0.1:7445"},
-		{"--endpoints=localhost:7445"},
-		{"--endpoints=[::1]:9000", "--bind-address=::", "--bind-port=9000", "--health-port=9001"},
-		{"--endpoints=127.0.0.1:9000", "--bind-address=localhost", "--bind-port=9000", "--health-port=9001"},
-	} {
-		_, err := parseConfig(args, envOf(nil), io.Discard)
-		if err == nil || !strings.Contains(err.Error(), "own listener") {
-			t.Errorf("%q: got %v; want the endpoint refused as the proxy's own listener", args, err)
-		}
-	}
-	if _, err := parseConfig([]string{"--endpoints=127.0.0.1:7445", "--bind-port=7000"}, envOf(nil), io.Discard); err != nil {
-		t.Errorf("an endpoint on another port of the same address: %v", err)
-	}
-}
-
-// A long error, such as one repeating an upstream certificate's names, is
-// cut in the log line.
-func TestLoggerCutsLongErrors(t *testing.T) {
-	var out bytes.Buffer
-	newLogger(slog.LevelInfo, &out).Warn("hello", "err", errors.New(strings.Repeat("n", 50<<10)), "short", errors.New("kept"))
-	var record map[string]any
-	if err := json.Unmarshal(out.Bytes(), &record); err != nil {
-		t.Fatalf("decode: %v", err)
-	}
-	if got, _ := record["err"].(string); len(got) != maxLogError+3 || !strings.HasSuffix(got, "...") {
-		t.Errorf("err of %d bytes; want %d ending in ...", len(got), maxLogError+3)
-	}
-	if record["short"] != "kept" {
-		t.Errorf("short error: got %v; want \"kept\"", record["short"])
-	}
-}
-
-// writeLines writes each line to w as one record, through one reused
-// buffer as slog does.
-func writeLines(t *testing.T, w io.Writer, lines ...string) {
-	t.Helper()
-	var buf []byte
-	for _, l := range lines {
-		buf = append(buf[:0], l+"\n"...)
-		if n, err := w.Write(buf); n != len(buf) || err != nil {
-			t.Fatalf("Write(%q): got %d, %v; want %d, nil", l, n, err, len(buf))
-		}
-	}
-}
-
-// numbered returns "<prefix> 0" to "<prefix> n-1".
-func numbered(prefix string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = prefix + " " + strconv.Itoa(i)
-	}
-	return out
-}
-
-// stalledSink returns a running sink whose writer is stuck writing first
-// to w until w.release is closed. Call inside a synctest bubble.
-func stalledSink(t *testing.T, first string) (*logSink, *stallWriter) {
-	t.Helper()
-	w := &stallWriter{release: make(chan struct{})}
-	w.stalled.Store(true)
-	s := newLogSink(w)
-	go s.run()
-	writeLines(t, s, first)
-	synctest.Wait() // run is blocked writing first
-	return s, w
-}
-
-func TestLogSinkKeepsOrder(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
-		s := newLogSink(&out)
-		go s.run()
-		want := numbered("line", 100)
-		writeLines(t, s, want...)
-		if !s.close(logFlushTimeout) {
-			t.Fatal("close: run did not return")
-		}
-		if got := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n"); !slices.Equal(got, want) {
-			t.Errorf("got %q; want %q", got, want)
-		}
-	})
-}
-
-// A full queue drops records without blocking the logger, and once the
-// reader takes lines again one warning counts them.
-func TestLogSinkDropsWhenFullAndWarns(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s, w := stalledSink(t, "first")
-		queued := numbered("queued", logQueueRecords)
-		writeLines(t, s, queued...)
-		writeLines(t, s, numbered("dropped", 5)...)
-		if got := s.dropped.Load(); got != 5 {
-			t.Errorf("dropped while stalled: got %d; want 5", got)
-		}
-		close(w.release)
-		if !s.close(logFlushTimeout) {
-			t.Fatal("close: run did not return")
-		}
-		lines := strings.Split(strings.TrimSuffix(w.buf.String(), "\n"), "\n")
-		if len(lines) != 2+len(queued) {
-			t.Fatalf("lines: got %d; want %d", len(lines), 2+len(queued))
-		}
-		if lines[0] != "first" || !slices.Equal(lines[2:], queued) {
-			t.Errorf("records around the warning: got %q, then %q...; want first, then the queued ones in order", lines[0], lines[2:4])
-		}
-		var warning struct {
-			Level   string `json:"level"`
-			Msg     string `json:"msg"`
-			Dropped int    `json:"dropped"`
-		}
-		if err := json.Unmarshal([]byte(lines[1]), &warning); err != nil {
-			t.Fatalf("warning %q: got %v; want JSON", lines[1], err)
-		}
-		if warning.Level != "WARN" || !strings.Contains(warning.Msg, "dropped") || warning.Dropped != 5 {
-			t.Errorf("warning: got %q; want WARN saying 5 lines were dropped", lines[1])
-		}
-	})
-}
-
-// close writes what is queued before it returns, so the last lines of a
-// daemon that stops are not lost.
-func TestLogSinkCloseFlushesQueue(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s, w := stalledSink(t, "line 0")
-		want := numbered("line", 10)
-		writeLines(t, s, want[1:]...)
-		closed := make(chan bool, 1)
-		go func() { closed <- s.close(time.Minute) }()
-		synctest.Wait() // close has asked run to stop and waits for it
-		close(w.release)
-		if !<-closed {
-			t.Fatal("close: run did not return")
-		}
-		if got := strings.Split(strings.TrimSuffix(w.buf.String(), "\n"), "\n"); !slices.Equal(got, want) {
-			t.Errorf("got %q; want %q", got, want)
-		}
-	})
-}
-
-// A stderr that takes nothing must not keep the daemon from exiting.
-func TestLogSinkCloseIsBoundedWhileWriteIsStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		s, w := stalledSink(t, "stuck")
-		writeLines(t, s, "queued")
-		start := time.Now()
-		if s.close(logFlushTimeout) {
-			t.Error("close: got true; want false while run is stuck writing")
-		}
-		if got := time.Since(start); got != logFlushTimeout {
-			t.Errorf("close took %v; want %v", got, logFlushTimeout)
-		}
-		close(w.release) // the bubble ends only when run does
-		<-s.done
-	})
 }

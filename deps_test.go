@@ -1,17 +1,24 @@
 package main
 
 // Supply-chain guards: the program may depend directly on five modules
-// (README, "Security"), and the binary that ships is static.
+// (README, "Security"), the binary that ships is static, and the product
+// code keeps to the rules of issue 25 that a reviewer would otherwise have
+// to check by hand: no unsafe, no raw system calls, no mutable globals.
 
 import (
 	"bytes"
 	"debug/buildinfo"
 	"debug/elf"
 	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -217,5 +224,192 @@ func TestBinaryIsStatic(t *testing.T) {
 	}
 	if want := []byte("extractedprism v0.0.0-test (revision test, "); !bytes.Contains(out, want) {
 		t.Errorf("--version: got %q; want it to contain %q", out, want)
+	}
+}
+
+// auditFile returns how the product file f breaks the rules, one line each,
+// "file:line: what": it imports unsafe, makes a raw system call
+// (Syscall*, RawSyscall* of syscall or golang.org/x/sys/unix, named or
+// merely referred to), or declares a package-level variable other than a
+// sentinel error (errors.New) or the linker-stamped Version and Revision.
+func auditFile(fset *token.FileSet, f *ast.File) []string {
+	var problems []string
+	report := func(n ast.Node, format string, args ...any) {
+		p := fset.Position(n.Pos())
+		problems = append(problems, fmt.Sprintf("%s:%d: %s", p.Filename, p.Line, fmt.Sprintf(format, args...)))
+	}
+	local := map[string]string{} // import path by the name the file uses
+	for _, imp := range f.Imports {
+		path, _ := strconv.Unquote(imp.Path.Value)
+		name := path[strings.LastIndex(path, "/")+1:]
+		if imp.Name != nil {
+			name = imp.Name.Name
+		}
+		switch {
+		case path == "unsafe":
+			report(imp, "imports unsafe")
+		case (path == "syscall" || path == "golang.org/x/sys/unix") && name == ".":
+			report(imp, "dot-imports %s, hiding its system calls", path)
+		}
+		local[name] = path
+	}
+	// from returns the package path and the name that e selects from an
+	// imported package, as in unix.Syscall.
+	from := func(e ast.Expr) (path, name string) {
+		sel, ok := e.(*ast.SelectorExpr)
+		if !ok {
+			return "", ""
+		}
+		if x, ok := sel.X.(*ast.Ident); ok {
+			return local[x.Name], sel.Sel.Name
+		}
+		return "", ""
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		e, ok := n.(ast.Expr)
+		if !ok {
+			return true
+		}
+		path, name := from(e)
+		if (path == "syscall" || path == "golang.org/x/sys/unix") &&
+			(strings.HasPrefix(name, "Syscall") || strings.HasPrefix(name, "RawSyscall")) {
+			report(e, "raw system call %s.%s", path, name)
+		}
+		return true
+	})
+	for _, decl := range f.Decls {
+		gen, ok := decl.(*ast.GenDecl)
+		if !ok || gen.Tok != token.VAR {
+			continue
+		}
+		for _, spec := range gen.Specs {
+			vs := spec.(*ast.ValueSpec)
+			if stamped(vs) {
+				continue
+			}
+			for i, name := range vs.Names {
+				if len(vs.Values) == len(vs.Names) && sentinel(vs.Values[i], from) {
+					continue
+				}
+				report(name, "package-level var %s", name.Name)
+			}
+		}
+	}
+	return problems
+}
+
+// stamped reports whether vs declares Version or Revision, or both, as a
+// string without a value: what the linker's -X writes.
+func stamped(vs *ast.ValueSpec) bool {
+	if typ, ok := vs.Type.(*ast.Ident); !ok || typ.Name != "string" || len(vs.Values) != 0 {
+		return false
+	}
+	for _, n := range vs.Names {
+		if n.Name != "Version" && n.Name != "Revision" {
+			return false
+		}
+	}
+	return true
+}
+
+// sentinel reports whether e is errors.New with a constant message; from
+// is auditFile's.
+func sentinel(e ast.Expr, from func(ast.Expr) (string, string)) bool {
+	call, ok := e.(*ast.CallExpr)
+	if !ok || len(call.Args) != 1 {
+		return false
+	}
+	if path, name := from(call.Fun); path != "errors" || name != "New" {
+		return false
+	}
+	lit, ok := call.Args[0].(*ast.BasicLit)
+	return ok && lit.Kind == token.STRING
+}
+
+func TestAuditFile(t *testing.T) {
+	const src = `package main
+
+import (
+	"errors"
+	"fmt"
+	sys "syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	. "golang.org/x/sys/unix"
+)
+
+var errSentinel = errors.New("fine")
+
+var Version, Revision string
+
+var counter int
+
+var errWrapped = fmt.Errorf("not a sentinel: %w", errSentinel)
+
+var (
+	errA  = errors.New("fine")
+	table = map[string]int{}
+)
+
+var Version2 string
+
+func f() {
+	var local int // not at package level
+	_ = local
+	_ = unsafe.Sizeof(0)
+	sys.Syscall(0, 0, 0, 0)
+	unix.RawSyscall6(0, 0, 0, 0, 0, 0, 0)
+	fn := unix.Syscall
+	_ = fn
+	_ = unix.Close(0)
+	_, _, _ = sys.Getpid, fmt.Sprint, errA
+}
+`
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "sample.go", src, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"sample.go:7: imports unsafe",
+		"sample.go:10: dot-imports golang.org/x/sys/unix, hiding its system calls",
+		"sample.go:32: raw system call syscall.Syscall",
+		"sample.go:33: raw system call golang.org/x/sys/unix.RawSyscall6",
+		"sample.go:34: raw system call golang.org/x/sys/unix.Syscall",
+		"sample.go:17: package-level var counter",
+		"sample.go:19: package-level var errWrapped",
+		"sample.go:23: package-level var table",
+		"sample.go:26: package-level var Version2",
+	}
+	if got := auditFile(fset, f); !slices.Equal(got, want) {
+		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestProductFollowsTheRules holds every product file (the package's
+// non-test files, whatever their build constraints) to auditFile's rules.
+func TestProductFollowsTheRules(t *testing.T) {
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	audited := 0
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, problem := range auditFile(fset, f) {
+			t.Error(problem)
+		}
+		audited++
+	}
+	if audited < 10 {
+		t.Errorf("audited %d product files; want all of them (10 or more)", audited)
 	}
 }

@@ -127,6 +127,40 @@ func parseFuzzEnv(s string) map[string]string {
 	return env
 }
 
+// leafErrors returns the errors err joins, recursively, or err itself.
+func leafErrors(err error) []error {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
+	}
+	var leaves []error
+	for _, e := range joined.Unwrap() {
+		leaves = append(leaves, leafErrors(e)...)
+	}
+	return leaves
+}
+
+// unnamedError reports what is wrong with msg as one of parseConfig's
+// errors, or "" when nothing is: each names its flag and variable, or is
+// the flag package's complaint about the command line with the pointer to
+// --help, or names the stray argument.
+func unnamedError(msg string) string {
+	switch {
+	case strings.HasPrefix(msg, "--") && strings.Contains(msg, " (EP_"):
+	case strings.HasPrefix(msg, "EP_") && strings.Contains(msg, " (--"):
+	case strings.HasSuffix(msg, " (--help lists the flags)"):
+	case strings.HasPrefix(msg, "unexpected argument "):
+	default:
+		return "names no flag and variable"
+	}
+	// The flag package's words for a value it refused: every value goes
+	// through a lenientValue, which never refuses.
+	if strings.HasPrefix(msg, "invalid value ") || strings.HasPrefix(msg, "invalid boolean value ") {
+		return "is the flag package's refusal of a value"
+	}
+	return ""
+}
+
 func FuzzParseConfig(f *testing.F) {
 	seeds := []struct{ args, env string }{
 		{"--endpoints 10.0.0.1:6443", ""},
@@ -142,6 +176,8 @@ func FuzzParseConfig(f *testing.F) {
 		{"--health-bind-address= --endpoints 10.0.0.1:6443", "EP_BIND_ADDRESS=::1"},
 		{"--endpoints [::ffff:10.0.0.1]:6443 --drain-timeout -1s", "EP_LIVENESS_THRESHOLD=1s"},
 		{"-endpoints=10.0.0.1:1 -upstream-selection=latency", "EP_HEALTH_CHECK_CERT_FILE=/c"},
+		{"--bind-port seven --health-interval=abc --enable-discovery=maybe --endpoints 10.0.0.1:6443", "EP_HEALTH_PORT=0x1d1d"},
+		{"--no-such-flag --bind-port", ""},
 	}
 	for _, s := range seeds {
 		f.Add(s.args, s.env)
@@ -176,6 +212,13 @@ func FuzzParseConfig(f *testing.F) {
 			}
 			if err.Error() == "" {
 				t.Error("empty error message")
+			}
+			if !shown {
+				for _, e := range leafErrors(err) {
+					if problem := unnamedError(e.Error()); problem != "" {
+						t.Errorf("error %q: %s", e, problem)
+					}
+				}
 			}
 			return
 		}

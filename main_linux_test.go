@@ -194,13 +194,15 @@ func TestSecondSignalEndsShutdown(t *testing.T) {
 }
 
 // TestHangupIsIgnored: SIGHUP, whose default action ends a process, is
-// logged and leaves the daemon serving; SIGTERM still stops it cleanly.
+// read by the run loop, which logs it; the daemon goes on proxying, and
+// SIGTERM still stops it cleanly.
 func TestHangupIsIgnored(t *testing.T) {
 	if runMainIfChild() {
 		return
 	}
-	mc := startMain(t, "--endpoints", deadAddr(t))
-	logged := mc.logSeen(`"msg":"SIGHUP ignored`)
+	up := startUpstream(t, echo)
+	mc := startMain(t, "--endpoints", up.addr)
+	logged := mc.logSeen(`"level":"WARN","msg":"SIGHUP ignored: the configuration is read only at start-up`)
 	for range 2 {
 		if err := mc.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 			t.Fatal(err)
@@ -211,8 +213,14 @@ func TestHangupIsIgnored(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no log line within 10 s of SIGHUP")
 	}
-	if code, err := httpGet("http://" + mc.healthAddr + "/healthz"); code != http.StatusOK {
-		t.Fatalf("/healthz after SIGHUP: got %d (%v); want 200", code, err)
+	c := dialProxy(t, mc.proxyAddr)
+	err := roundTrip(c, []byte("after SIGHUP"))
+	_ = c.Close()
+	if err != nil {
+		t.Errorf("proxying after SIGHUP: %v", err)
+	}
+	if code, _ := httpGet("http://" + mc.healthAddr + "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz after SIGHUP: got %d; want 200", code)
 	}
 	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -222,6 +230,38 @@ func TestHangupIsIgnored(t *testing.T) {
 	}
 	if !strings.Contains(mc.stdout.String(), "--- PASS: "+t.Name()) {
 		t.Errorf("the copy did not run main:\n%s", mc.stdout.String())
+	}
+}
+
+// TestMainExitStatus: main exits 0 when run succeeds and 1 when it fails,
+// with run's error as the one line on stderr. The chart's pre-install hook
+// runs "extractedprism check" and relies on both.
+func TestMainExitStatus(t *testing.T) {
+	if runMainIfChild() {
+		return
+	}
+	for _, tt := range []struct {
+		args           []string
+		code           int
+		stdout, stderr string
+	}{
+		{[]string{"check", "--endpoints", testEndpoint}, 0, "extractedprism check: configuration is valid\n", ""},
+		{[]string{"check", "--endpoints", testEndpoint, "--health-port", "7445"}, 1, "",
+			"extractedprism: --health-port (EP_HEALTH_PORT) must differ from --bind-port (EP_BIND_PORT): both are 7445\n"},
+	} {
+		cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$")
+		cmd.Env = append(os.Environ(), mainArgsEnv+"="+strings.Join(tt.args, "\n"))
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil && cmd.ProcessState == nil {
+			t.Fatal(err)
+		}
+		if got := cmd.ProcessState.ExitCode(); got != tt.code {
+			t.Errorf("%q: exit status %d; want %d\n%s", tt.args, got, tt.code, stdout.String())
+		}
+		if !strings.Contains(stdout.String(), tt.stdout) || stderr.String() != tt.stderr {
+			t.Errorf("%q: stdout %q, stderr %q; want stdout with %q, stderr %q", tt.args, stdout.String(), stderr.String(), tt.stdout, tt.stderr)
+		}
 	}
 }
 

@@ -12,11 +12,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -230,17 +230,21 @@ func TestRunNamesTheListenerThatFailed(t *testing.T) {
 	}
 }
 
+// --help and --version, of the daemon and of check, print and succeed.
 func TestRunHelpAndVersionExitCleanly(t *testing.T) {
-	for _, arg := range []string{"--help", "--version"} {
+	for _, args := range [][]string{{"--help"}, {"--version"}, {"check", "--help"}, {"check", "--version"}} {
 		var out bytes.Buffer
-		if err := run(context.Background(), []string{arg}, func(string) string { return "" }, &out, &out); err != nil {
-			t.Errorf("run %s: got %v; want nil", arg, err)
+		if err := run(context.Background(), args, envOf(nil), &out, &out); err != nil {
+			t.Errorf("run %q: got %v; want nil", args, err)
 		}
-		if out.Len() == 0 {
-			t.Errorf("run %s printed nothing", arg)
+		want := []string{"Usage: extractedprism [flags]", "Usage: extractedprism status", "Usage: extractedprism check"}
+		if args[len(args)-1] == "--version" {
+			want = []string{versionLine() + "\n", " " + runtime.Version() + ")"}
 		}
-		if arg == "--help" && !strings.Contains(out.String(), "Usage: extractedprism status") {
-			t.Errorf("--help does not mention the status command:\n%s", out.String())
+		for _, w := range want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("run %q: got %q; want it to contain %q", args, out.String(), w)
+			}
 		}
 	}
 }
@@ -295,32 +299,48 @@ func TestRunIPv6(t *testing.T) {
 	}
 }
 
+// The start-up line names the version and the connection limit, with a
+// warning when the limit is low that names what sets it.
 func TestLogStartWarnsOfFewConnections(t *testing.T) {
 	for _, tt := range []struct {
-		limit int
-		warn  bool
-	}{{fewConnections - 1, true}, {fewConnections, false}} {
+		limit   int
+		limitBy string
+		warning string // "" for none
+	}{
+		{fewConnections - 1, limitByFiles, "the open-files limit allows few"},
+		{fewConnections, limitByFiles, ""},
+		{fewConnections - 1, limitByMemory, "the memory limit allows few"},
+	} {
 		d := beatDaemon(tt.limit)
-		d.limitBy = limitByFiles
+		d.limitBy = tt.limitBy
 		logs := &syncBuffer{}
-		d.log = slog.New(slog.NewTextHandler(logs, nil))
+		d.log = newLogger(slog.LevelInfo, logs)
 		d.logStart("127.0.0.1:7445", "127.0.0.1:7446")
-		got := logs.String()
-		if !strings.Contains(got, "max_connections="+strconv.Itoa(tt.limit)) {
-			t.Errorf("limit %d: start-up log lacks max_connections:\n%s", tt.limit, got)
+		var records []map[string]any
+		for line := range strings.Lines(logs.String()) {
+			var r map[string]any
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				t.Fatalf("log line %q: %v", line, err)
+			}
+			records = append(records, r)
 		}
-		if warned := strings.Contains(got, "level=WARN"); warned != tt.warn {
-			t.Errorf("limit %d: warned=%v; want %v:\n%s", tt.limit, warned, tt.warn, got)
+		want := map[string]any{"level": "INFO", "msg": "starting", "version": versionLine(), "listen": "127.0.0.1:7445",
+			"health": "127.0.0.1:7446", "max_connections": float64(tt.limit), "limited_by": tt.limitBy}
+		if len(records) == 0 {
+			t.Fatalf("limit %d by %s: nothing logged", tt.limit, tt.limitBy)
 		}
-	}
-	// A limit the memory sets names the memory limit, not the files.
-	d := beatDaemon(fewConnections - 1)
-	d.limitBy = limitByMemory
-	logs := &syncBuffer{}
-	d.log = slog.New(slog.NewTextHandler(logs, nil))
-	d.logStart("127.0.0.1:7445", "127.0.0.1:7446")
-	if got := logs.String(); !strings.Contains(got, `limited_by=memory`) || !strings.Contains(got, "the memory limit allows few") {
-		t.Errorf("start-up log for a memory-set limit:\n%s", got)
+		for k, v := range want {
+			if records[0][k] != v {
+				t.Errorf("limit %d by %s: start-up line's %s: got %v; want %v", tt.limit, tt.limitBy, k, records[0][k], v)
+			}
+		}
+		wantLines := 1
+		if tt.warning != "" {
+			wantLines = 2
+		}
+		if len(records) != wantLines || wantLines == 2 && (records[1]["level"] != "WARN" || !strings.HasPrefix(fmt.Sprint(records[1]["msg"]), tt.warning)) {
+			t.Errorf("limit %d by %s: got %v after the start-up line; want a warning %q", tt.limit, tt.limitBy, records[1:], tt.warning)
+		}
 	}
 }
 
@@ -392,57 +412,6 @@ func TestRunReadyzNeedsReadableCA(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "--health-check-ca-file") {
 			t.Errorf("CA %s: got %v; want an error naming --health-check-ca-file", ca, err)
 		}
-	}
-}
-
-func TestRunUpstreamsEndpointAndStatusCommand(t *testing.T) {
-	a, b := startUpstream(t, echo), startUpstream(t, echo)
-	d := startDaemon(t, nil, "--endpoints", a.addr+","+b.addr)
-	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := roundTrip(c, []byte("hold")); err != nil {
-		t.Fatal(err)
-	}
-	var st []upstreamStatus
-	waitFor(t, "/upstreams to show both upstreams checked", func() bool {
-		code, body := httpGet(d.healthBase + "/upstreams")
-		if code != http.StatusOK {
-			t.Fatalf("/upstreams: got %d; want 200", code)
-		}
-		if err := json.Unmarshal([]byte(body), &st); err != nil {
-			t.Fatalf("/upstreams is not JSON: %v\n%s", err, body)
-		}
-		return len(st) == 2 && st[0].LastCheck != nil && st[1].LastCheck != nil
-	})
-	if len(st) != 2 || st[0].Address > st[1].Address {
-		t.Fatalf("/upstreams: got %+v; want both upstreams, ordered", st)
-	}
-	conns := 0
-	for _, s := range st {
-		if !s.Healthy || !slices.Equal(s.Sources, []string{"static"}) || s.LastCheck == nil {
-			t.Errorf("upstream %s: got %+v; want healthy, source static, checked", s.Address, s)
-		}
-		conns += s.Connections
-	}
-	if conns != 1 {
-		t.Errorf("connections across upstreams: got %d; want 1", conns)
-	}
-
-	healthAddr := strings.TrimPrefix(d.healthBase, "http://")
-	var out bytes.Buffer
-	if err := run(context.Background(), []string{"status", "--health-address", healthAddr}, func(string) string { return "" }, &out, io.Discard); err != nil {
-		t.Fatalf("status: %v", err)
-	}
-	for _, want := range []string{"UPSTREAM", a.addr, b.addr, "healthy", "static"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("status output lacks %q:\n%s", want, out.String())
-		}
-	}
-	if err := run(context.Background(), []string{"status", "--health-address", deadAddr(t)}, func(string) string { return "" }, io.Discard, io.Discard); err == nil {
-		t.Error("status against a dead address: got nil error")
 	}
 }
 
@@ -539,19 +508,41 @@ func seriesValue(t *testing.T, g prometheus.Gatherer, name string, labels map[st
 	return 0, false
 }
 
-// TestProvidersReportDiscoveryThatCannotStart: with --enable-discovery and a
+// TestNewDiscoveryWhenKubernetesCannotStart: with --enable-discovery and a
 // kubernetes provider that cannot start, the static endpoints serve alone,
-// and the kubernetes series exist from the start: running 0, one error,
-// updates 0. Without --enable-discovery there are none.
-func TestProvidersReportDiscoveryThatCannotStart(t *testing.T) {
+// logged as an error, or a warning where there are no credentials at all;
+// the kubernetes series exist from the start: running 0, one error,
+// updates 0. The endpoint cache is not used, as nothing would ever replace
+// its list. Without --enable-discovery there are no kubernetes series.
+func TestNewDiscoveryWhenKubernetesCannotStart(t *testing.T) {
 	kube := map[string]string{labelProvider: kubeProviderName}
+	static := []string{"10.0.0.1:6443"}
+	cachePath := t.TempDir() + "/endpoints.json"
+	if err := (&endpointCache{path: cachePath}).store([]string{"10.0.0.9:6443"}); err != nil {
+		t.Fatal(err)
+	}
+	newDiscovery := func(t *testing.T, cfg *config) (*daemon, *prometheus.Registry, *syncBuffer) {
+		reg, logs := prometheus.NewRegistry(), &syncBuffer{}
+		cfg.Endpoints, cfg.EndpointCacheFile = static, cachePath
+		d := &daemon{cfg: cfg, log: newLogger(slog.LevelDebug, logs), listen: "127.0.0.1:7445"}
+		d.discovery = d.newDiscovery(newMetrics(reg))
+		if len(d.discovery.providers) != 0 || d.cache != nil {
+			t.Errorf("providers %d, cache %v; want neither, the static endpoints alone", len(d.discovery.providers), d.cache)
+		}
+		if got := d.discovery.endpoints(); !slices.Equal(got, static) {
+			t.Errorf("endpoints: got %v; want the static %v", got, static)
+		}
+		return d, reg, logs
+	}
 	for _, tt := range discoveryStartFailures(t) {
 		t.Run(tt.name, func(t *testing.T) {
-			reg := prometheus.NewRegistry()
-			cfg := &config{Endpoints: []string{"10.0.0.1:6443"}, EnableDiscovery: true, Kubeconfig: tt.kubeconfig}
-			d := &daemon{cfg: cfg, log: testLogger(t), listen: "127.0.0.1:7445"}
-			if mp := d.newDiscovery(newMetrics(reg)); len(mp.providers) != 0 {
-				t.Errorf("providers running: got %d; want none, the static endpoints alone", len(mp.providers))
+			_, reg, logs := newDiscovery(t, &config{EnableDiscovery: true, Kubeconfig: tt.kubeconfig})
+			level := "ERROR"
+			if tt.kubeconfig == "" {
+				level = "WARN"
+			}
+			if want := `"level":"` + level + `","msg":"kubernetes discovery off, serving static endpoints only"`; !strings.Contains(logs.String(), want) {
+				t.Errorf("log: got %s; want %s", logs.String(), want)
 			}
 			for _, want := range []struct {
 				name  string
@@ -569,9 +560,7 @@ func TestProvidersReportDiscoveryThatCannotStart(t *testing.T) {
 		})
 	}
 	t.Run("discovery disabled", func(t *testing.T) {
-		reg := prometheus.NewRegistry()
-		cfg := &config{Endpoints: []string{"10.0.0.1:6443"}, Kubeconfig: "/nonexistent/kubeconfig"}
-		(&daemon{cfg: cfg, log: testLogger(t), listen: "127.0.0.1:7445"}).newDiscovery(newMetrics(reg))
+		_, reg, _ := newDiscovery(t, &config{Kubeconfig: "/nonexistent/kubeconfig"})
 		for _, name := range []string{"extractedprism_discovery_running", "extractedprism_discovery_errors_total", "extractedprism_discovery_updates_total"} {
 			if got, ok := seriesValue(t, reg, name, kube); ok {
 				t.Errorf("%s{provider=\"kubernetes\"}: got %v; want no series", name, got)
@@ -631,25 +620,6 @@ func TestRunReportsWhetherDiscoveryRuns(t *testing.T) {
 	}
 }
 
-// TestRunIgnoresCacheWithoutDiscovery: when the kubernetes provider cannot
-// start, nothing would ever replace the cached list, so it is not used.
-func TestRunIgnoresCacheWithoutDiscovery(t *testing.T) {
-	a := startUpstream(t, echo)
-	cachePath := t.TempDir() + "/endpoints.json"
-	c := &endpointCache{path: cachePath, log: slog.New(slog.DiscardHandler)}
-	stale := deadAddr(t)
-	if err := c.store([]string{stale}); err != nil {
-		t.Fatal(err)
-	}
-	d := startDaemon(t, nil, "--endpoints", a.addr, "--enable-discovery=true",
-		"--kubeconfig", "/nonexistent/kubeconfig", "--endpoint-cache-file", cachePath)
-	_, body := httpGet(d.healthBase + "/upstreams")
-	if strings.Contains(body, stale) || strings.Contains(body, `"cache"`) {
-		t.Errorf("/upstreams lists the cached endpoint %s; want the static one only:\n%s", stale, body)
-	}
-	d.waitForLog(t, `"level":"ERROR","msg":"kubernetes discovery off`)
-}
-
 func TestRunCorruptCacheIsNotFatal(t *testing.T) {
 	a := startUpstream(t, echo)
 	cachePath := t.TempDir() + "/endpoints.json"
@@ -669,21 +639,132 @@ func TestRunCorruptCacheIsNotFatal(t *testing.T) {
 	d.waitForLog(t, "endpoint cache ignored")
 }
 
-func TestCacheWriterWritesDiscoveredLists(t *testing.T) {
-	path := t.TempDir() + "/endpoints.json"
-	d := &daemon{log: slog.New(slog.DiscardHandler), cache: &endpointCache{path: path, log: slog.New(slog.DiscardHandler)}}
-	lists := make(chan []string, 1)
+// apply gives the pool the union of the sources when it has changed, and
+// logs it; an empty union, or one of only the proxy's own listener, leaves
+// the pool its last upstreams rather than none. The cache writer is offered
+// what discovery found, never the static endpoints.
+func TestApplySkipsEmptyAndUnchangedUnions(t *testing.T) {
+	type step struct {
+		name      string
+		published []string // the kubernetes provider's list; nil publishes none
+		want      []string // applied, and the pool serves
+		updated   bool     // "endpoint list updated" logged
+		cached    []string // offered to the cache writer
+	}
+	// steps applies each step's list in turn, as the run loop does.
+	steps := func(t *testing.T, static []string, steps []step) {
+		logs := &syncBuffer{}
+		log := slog.New(slog.NewTextHandler(logs, nil))
+		m := newMetrics(prometheus.NewRegistry())
+		d := &daemon{log: log, listen: "127.0.0.1:7445", cache: &endpointCache{},
+			pool: newPool(log, m, defaultTestPool, newFakeChecks().check, randomSelector{}), discovery: newMergedProvider(log, m, static, nil)}
+		defer d.pool.close()
+		toCache := make(chan []string, 1)
+		var applied []string
+		for _, st := range steps {
+			if st.published != nil {
+				d.discovery.publish(kubeProviderName, st.published)
+			}
+			before := strings.Count(logs.String(), "endpoint list updated")
+			applied = d.apply(applied, toCache)
+			var serving []string
+			for _, s := range d.pool.describe(nil) {
+				if !s.Draining {
+					serving = append(serving, s.Address)
+				}
+			}
+			if !slices.Equal(applied, st.want) || !slices.Equal(serving, st.want) {
+				t.Errorf("%s: applied %v, pool serving %v; want %v", st.name, applied, serving, st.want)
+			}
+			if updated := strings.Count(logs.String(), "endpoint list updated") > before; updated != st.updated {
+				t.Errorf("%s: logged an update %v; want %v", st.name, updated, st.updated)
+			}
+			var offered []string
+			select {
+			case offered = <-toCache:
+			default:
+			}
+			if !slices.Equal(offered, st.cached) {
+				t.Errorf("%s: offered the cache %v; want %v", st.name, offered, st.cached)
+			}
+		}
+	}
+	static := []string{"10.0.0.9:6443"}
+	ab, c := []string{"10.0.0.1:6443", "10.0.0.2:6443"}, []string{"10.0.0.3:6443"}
+	synctest.Test(t, func(t *testing.T) {
+		steps(t, static, []step{
+			{name: "static endpoints", want: static, updated: true},
+			{name: "static unchanged", want: static},
+		})
+		steps(t, nil, []step{
+			{name: "nothing yet"},
+			{name: "discovered", published: ab, want: ab, updated: true, cached: ab},
+			{name: "unchanged", published: slices.Clone(ab), want: ab},
+			{name: "empty", published: []string{}, want: ab},
+			{name: "own listener only", published: []string{"127.0.0.1:7445"}, want: ab},
+			{name: "changed", published: c, want: c, updated: true, cached: c},
+		})
+	})
+}
+
+// The cache writer writes the latest list it is offered, not again a list
+// it has just written, and goes on after a failed write.
+func TestCacheWriterWritesChangedLists(t *testing.T) {
+	logs := &syncBuffer{}
+	log := newLogger(slog.LevelDebug, logs)
+	c := &endpointCache{path: t.TempDir() + "/endpoints.json", log: log}
+	broken := &endpointCache{path: t.TempDir() + "/missing/endpoints.json", log: log}
+	lists, failing := make(chan []string, 1), make(chan []string, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { d.cache.writer(ctx, lists) })
+	wg.Go(func() { c.writer(ctx, lists) })
+	wg.Go(func() { broken.writer(ctx, failing) })
+	defer func() { cancel(); wg.Wait() }()
+	written := func(eps string) int {
+		return strings.Count(logs.String(), `"msg":"endpoint cache written","endpoints":`+eps)
+	}
+
 	offerLatest(lists, []string{"10.0.0.1:6443"})
 	offerLatest(lists, []string{"10.0.0.2:6443"}) // replaces the one not yet taken, if any
-	waitFor(t, "the cache to hold the latest list", func() bool {
-		got, err := d.cache.load()
-		return err == nil && slices.Equal(got, []string{"10.0.0.2:6443"})
+	waitFor(t, "the latest list to be written", func() bool { return written(`["10.0.0.2:6443"]`) == 1 })
+	// The writer takes lists in order: once the third is written, the
+	// second has been seen.
+	lists <- []string{"10.0.0.2:6443"}
+	lists <- []string{"10.0.0.3:6443"}
+	waitFor(t, "the changed list to be written", func() bool { return written(`["10.0.0.3:6443"]`) == 1 })
+	if got := written(`["10.0.0.2:6443"]`); got != 1 {
+		t.Errorf("writes of a list offered twice in a row: got %d; want 1", got)
+	}
+	if got, err := c.load(); err != nil || !slices.Equal(got, []string{"10.0.0.3:6443"}) {
+		t.Errorf("cache: got %v, %v; want [10.0.0.3:6443]", got, err)
+	}
+
+	for range 2 {
+		failing <- []string{"10.0.0.4:6443"}
+	}
+	waitFor(t, "both failed writes to be logged", func() bool {
+		return strings.Count(logs.String(), `"level":"WARN","msg":"endpoint cache not written"`) == 2
 	})
-	cancel()
-	wg.Wait()
+}
+
+// The final error line is written, and a stderr that takes nothing holds
+// the exit at most logFlushTimeout.
+func TestWriteExitError(t *testing.T) {
+	var out bytes.Buffer
+	writeExitError(&out, errors.New("--bind-port (EP_BIND_PORT) must be in 1-65535: got 0"))
+	if want := "extractedprism: --bind-port (EP_BIND_PORT) must be in 1-65535: got 0\n"; out.String() != want {
+		t.Errorf("got %q; want %q", out.String(), want)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		w := &stallWriter{release: make(chan struct{})}
+		w.stalled.Store(true)
+		start := time.Now()
+		writeExitError(w, errors.New("stuck"))
+		if got := time.Since(start); got != logFlushTimeout {
+			t.Errorf("returned after %v; want %v", got, logFlushTimeout)
+		}
+		close(w.release) // the bubble ends only when the write does
+	})
 }
 
 // TestWaitShutdown: the daemon's exit waits for the endpoint cache writer at
@@ -709,57 +790,6 @@ func TestWaitShutdown(t *testing.T) {
 			t.Errorf("waited %v for a finished group; want no wait", got)
 		}
 	})
-}
-
-// An endpoint cache naming the proxy's own listener (written by someone
-// else, or left from another configuration) does not make the proxy its
-// own upstream: the entry is dropped with a warning, and the rest serves.
-func TestRunIgnoresOwnListenerInCache(t *testing.T) {
-	alive := startUpstream(t, echo)
-	ownPort := strconv.Itoa(freePort(t))
-	own := net.JoinHostPort("127.0.0.1", ownPort)
-	cachePath := t.TempDir() + "/endpoints.json"
-	c := &endpointCache{path: cachePath, log: slog.New(slog.DiscardHandler)}
-	if err := c.store([]string{own, alive.addr}); err != nil {
-		t.Fatal(err)
-	}
-	d := startDaemon(t, nil, "--endpoints", deadAddr(t), "--enable-discovery=true",
-		"--kubeconfig", uselessKubeconfig(t), "--endpoint-cache-file", cachePath, "--bind-port", ownPort)
-	for i := range 10 {
-		conn, err := net.DialTimeout("tcp", own, 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = roundTrip(conn, []byte("not through a loop"))
-		conn.Close()
-		if err != nil {
-			t.Fatalf("connection %d: %v", i, err)
-		}
-	}
-	if _, body := httpGet(d.healthBase + "/upstreams"); strings.Contains(body, own) {
-		t.Errorf("/upstreams lists the proxy's own listener %s:\n%s", own, body)
-	}
-	d.waitForLog(t, "ignoring endpoints that are this proxy's own listener")
-}
-
-// stallWriter passes writes to buf until stalled is set, then blocks every
-// write until release is closed, as a log pipe does once its reader stops
-// reading (a stuck journald or container log shim) and the pipe is full.
-// Each write that blocks is first copied to attempted, so a test can wait
-// for the line the daemon tried to log.
-type stallWriter struct {
-	buf       syncBuffer
-	attempted syncBuffer
-	stalled   atomic.Bool
-	release   chan struct{}
-}
-
-func (w *stallWriter) Write(p []byte) (int, error) {
-	if w.stalled.Load() {
-		_, _ = w.attempted.Write(p)
-		<-w.release
-	}
-	return w.buf.Write(p)
 }
 
 // TestRunServesWhileLogReaderStalls: a log reader that stops reading must
@@ -836,26 +866,5 @@ func TestRunServesWhileLogReaderStalls(t *testing.T) {
 		}
 	case <-time.After(bound):
 		t.Errorf("run did not return within %v of shutdown with the log stalled", bound)
-	}
-}
-
-func TestRunCheck(t *testing.T) {
-	noEnv := func(string) string { return "" }
-	var out bytes.Buffer
-	if err := run(context.Background(), []string{"check", "--endpoints", "10.0.0.1:6443"}, noEnv, &out, &out); err != nil {
-		t.Fatalf("check of a valid configuration: got %v; want nil", err)
-	}
-	if !strings.Contains(out.String(), "configuration is valid") {
-		t.Errorf("check output: got %q; want it to say the configuration is valid", out.String())
-	}
-	// The same configuration as a start reads it: an EP_ variable, and a
-	// bad value named by flag and variable.
-	env := map[string]string{"EP_ENDPOINTS": "10.0.0.1:6443", "EP_HEALTH_PORT": "7445"}
-	err := run(context.Background(), []string{"check"}, func(k string) string { return env[k] }, &out, &out)
-	if err == nil || !strings.Contains(err.Error(), "--health-port (EP_HEALTH_PORT) must differ from --bind-port (EP_BIND_PORT)") {
-		t.Errorf("check of clashing ports: got %v; want the daemon's message", err)
-	}
-	if _, perr := parseConfig(nil, func(k string) string { return env[k] }, io.Discard); perr == nil || perr.Error() != err.Error() {
-		t.Errorf("check and start disagree: check %v; start %v", err, perr)
 	}
 }
