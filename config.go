@@ -174,8 +174,6 @@ func lenient(fs *flag.FlagSet) *refusals {
 		switch kind {
 		case "": // UnquoteUsage names no type for a boolean flag
 			r.kinds[f.Name], f.Value = "boolean", lenientBool{v}
-		case "int":
-			r.kinds[f.Name], f.Value = "integer", v
 		default:
 			r.kinds[f.Name], f.Value = kind, v
 		}

@@ -155,7 +155,7 @@ func (r *rateLog) note() (n int, due bool) {
 
 // await waits until done is closed or d passes, and reports whether d
 // passed first; a context's Done channel makes it a sleep that ends early.
-// It is the daemon's one timed wait.
+// Every backoff, and every bounded wait for goroutines to end, uses it.
 func await(done <-chan struct{}, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -678,3 +678,64 @@ func TestConnectionLimitIsLogged(t *testing.T) {
 		}
 	})
 }
+
+// deadlineListener fails its first failures Accepts as accept4(2) does
+// when the process is out of descriptors, and then, with nobody ever
+// dialling, waits for its deadline (a timeout) or for ever.
+type deadlineListener struct {
+	*pipeListener
+	failures int
+	deadline time.Time
+}
+
+func (l *deadlineListener) Accept() (net.Conn, error) {
+	if l.failures > 0 {
+		l.failures--
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", errEMFILE())}
+	}
+	if l.deadline.IsZero() {
+		<-l.closed
+		return nil, net.ErrClosed
+	}
+	time.Sleep(time.Until(l.deadline))
+	return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.ErrDeadlineExceeded}
+}
+
+func (l *deadlineListener) SetDeadline(t time.Time) error { l.deadline = t; return nil }
+
+// TestServeRecoversWithoutClient: accept4(2) takes a descriptor before it
+// looks at the queue, so when the proxy accepts its last waiting client with
+// the last free descriptor, its next Accept fails at once, and no client may
+// come for a long while once descriptors are back (kubelet and kube-proxy
+// keep their connections). The stall must end without one: serve retries
+// with a short deadline, and a timeout proves that Accept works. Were it
+// cleared only by a client, /healthz would fail after --liveness-threshold
+// and the kubelet would restart a daemon that had recovered.
+func TestServeRecoversWithoutClient(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		log := slog.New(slog.DiscardHandler)
+		m := newMetrics(prometheus.NewRegistry())
+		pl := newPool(log, m, defaultTestPool, newFakeChecks().check, randomSelector{})
+		defer pl.close()
+		px := newProxy(log, m, pl, time.Second, 16)
+		ln := &deadlineListener{pipeListener: newPipeListener(), failures: 3}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); px.serve(ctx, ln) }()
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if got := px.acceptStalledFor(); got == 0 {
+			t.Fatal("accept stall: got none while Accept fails; want one")
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := px.acceptStalledFor(); got != 0 {
+			t.Errorf("accept stalled for %v after Accept works again with nobody dialling; want 0", got)
+		}
+		if !ln.deadline.IsZero() {
+			t.Errorf("accept deadline %v left set after the recovery; want none", ln.deadline)
+		}
+		cancel()
+		<-done
+	})
+}
