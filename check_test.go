@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -99,7 +100,7 @@ func TestRunCheckRefusesWithTheDaemonsMessage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			args := append(ports[:len(ports):len(ports)], tt.args...)
+			args := slices.Concat(ports, tt.args)
 			out, err := runCheck(args, tt.env)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("check: got %v; want an error with %q", err, tt.want)

@@ -184,7 +184,7 @@ func lenient(fs *flag.FlagSet) *refusals {
 // take returns an error for each refused value, naming its flag with ref,
 // and forgets them.
 func (r *refusals) take(ref func(string) string) error {
-	var errs []error
+	errs := make([]error, 0, len(r.values))
 	for _, name := range slices.Sorted(maps.Keys(r.values)) {
 		errs = append(errs, fmt.Errorf("%s: invalid %s %q", ref(name), r.kinds[name], r.values[name]))
 	}
@@ -306,8 +306,8 @@ func (p *portNumber) Set(s string) error {
 // violations collects the errors of validate.
 type violations []error
 
-// add records the error flagError(name, format, args...) when bad.
-func (v *violations) add(bad bool, name, format string, args ...any) {
+// addf records the error flagError(name, format, args...) when bad.
+func (v *violations) addf(bad bool, name, format string, args ...any) {
 	if bad {
 		*v = append(*v, flagError(name, format, args...))
 	}
@@ -326,9 +326,9 @@ func (c *config) validate() error {
 
 func (c *config) validateAddresses(v *violations) {
 	const hostRule = "must be an IP address or RFC 1123 hostname: got %q"
-	v.add(!validHost(c.BindAddress), "bind-address", hostRule, c.BindAddress)
+	v.addf(!validHost(c.BindAddress), "bind-address", hostRule, c.BindAddress)
 	// An unset --health-bind-address copies --bind-address, judged above.
-	v.add(c.HealthBindAddress != c.BindAddress && !validHost(c.HealthBindAddress), "health-bind-address", hostRule, c.HealthBindAddress)
+	v.addf(c.HealthBindAddress != c.BindAddress && !validHost(c.HealthBindAddress), "health-bind-address", hostRule, c.HealthBindAddress)
 	if endpoints, err := normalizeEndpoints(c.Endpoints); err != nil {
 		*v = append(*v, err)
 	} else {
@@ -337,9 +337,9 @@ func (c *config) validateAddresses(v *violations) {
 			*v = append(*v, err)
 		}
 	}
-	v.add(c.BindPort < 1 || c.BindPort > 65535, "bind-port", "must be in 1-65535: got %d", c.BindPort)
-	v.add(c.HealthPort < 1 || c.HealthPort > 65535, "health-port", "must be in 1-65535: got %d", c.HealthPort)
-	v.add(c.HealthPort == c.BindPort, "health-port", "must differ from %s: both are %d", flagRef("bind-port"), c.BindPort)
+	v.addf(c.BindPort < 1 || c.BindPort > 65535, "bind-port", "must be in 1-65535: got %d", c.BindPort)
+	v.addf(c.HealthPort < 1 || c.HealthPort > 65535, "health-port", "must be in 1-65535: got %d", c.HealthPort)
+	v.addf(c.HealthPort == c.BindPort, "health-port", "must differ from %s: both are %d", flagRef("bind-port"), c.BindPort)
 }
 
 func (c *config) validateTimings(v *violations) {
@@ -350,28 +350,28 @@ func (c *config) validateTimings(v *violations) {
 		{"health-interval", c.HealthInterval}, {"health-timeout", c.HealthTimeout},
 		{"liveness-interval", c.LivenessInterval}, {"liveness-threshold", c.LivenessThreshold},
 	} {
-		v.add(d.value < time.Second, d.name, "must be at least 1s: got %v", d.value)
+		v.addf(d.value < time.Second, d.name, "must be at least 1s: got %v", d.value)
 	}
-	v.add(c.HealthTimeout >= c.HealthInterval, "health-timeout", "must be less than %s: got %v >= %v",
+	v.addf(c.HealthTimeout >= c.HealthInterval, "health-timeout", "must be less than %s: got %v >= %v",
 		flagRef("health-interval"), c.HealthTimeout, c.HealthInterval)
-	v.add(c.LivenessThreshold <= c.LivenessInterval, "liveness-threshold", "must be greater than %s: got %v <= %v",
+	v.addf(c.LivenessThreshold <= c.LivenessInterval, "liveness-threshold", "must be greater than %s: got %v <= %v",
 		flagRef("liveness-interval"), c.LivenessThreshold, c.LivenessInterval)
-	v.add(c.DrainTimeout < 0, "drain-timeout", "must not be negative: got %v", c.DrainTimeout)
+	v.addf(c.DrainTimeout < 0, "drain-timeout", "must not be negative: got %v", c.DrainTimeout)
 }
 
 func (c *config) validateModes(v *violations) {
 	_, err := parseLogLevel(c.LogLevel)
-	v.add(err != nil, "log-level", "must be one of debug, info, warn, error, dpanic, panic, fatal: got %q", c.LogLevel)
-	v.add(c.UpstreamSelection != selectRandom && c.UpstreamSelection != selectLatency, "upstream-selection", "must be random or latency: got %q", c.UpstreamSelection)
-	v.add(c.HealthCheck != checkTCP && c.HealthCheck != checkReadyz, "health-check", "must be tcp or readyz: got %q", c.HealthCheck)
-	v.add(c.HealthCheck == checkReadyz && c.HealthCheckCAFile == "", "health-check-ca-file", "is required with %s set to readyz", flagRef("health-check"))
-	v.add((c.HealthCheckCertFile == "") != (c.HealthCheckKeyFile == ""), "health-check-cert-file", "and %s must be set together: got cert %q, key %q",
+	v.addf(err != nil, "log-level", "must be one of debug, info, warn, error, dpanic, panic, fatal: got %q", c.LogLevel)
+	v.addf(c.UpstreamSelection != selectRandom && c.UpstreamSelection != selectLatency, "upstream-selection", "must be random or latency: got %q", c.UpstreamSelection)
+	v.addf(c.HealthCheck != checkTCP && c.HealthCheck != checkReadyz, "health-check", "must be tcp or readyz: got %q", c.HealthCheck)
+	v.addf(c.HealthCheck == checkReadyz && c.HealthCheckCAFile == "", "health-check-ca-file", "is required with %s set to readyz", flagRef("health-check"))
+	v.addf((c.HealthCheckCertFile == "") != (c.HealthCheckKeyFile == ""), "health-check-cert-file", "and %s must be set together: got cert %q, key %q",
 		flagRef("health-check-key-file"), c.HealthCheckCertFile, c.HealthCheckKeyFile)
 	name := c.HealthCheckServerName
-	v.add(!validHost(name), "health-check-server-name", "must be an IP address or RFC 1123 hostname: got %q", name)
+	v.addf(!validHost(name), "health-check-server-name", "must be an IP address or RFC 1123 hostname: got %q", name)
 	// A zone names a local interface; certificates know nothing of it.
 	a, err := netip.ParseAddr(name)
-	v.add(err == nil && a.Zone() != "", "health-check-server-name", "must not have an IPv6 zone: got %q", name)
+	v.addf(err == nil && a.Zone() != "", "health-check-server-name", "must not have an IPv6 zone: got %q", name)
 }
 
 // normalizeEndpoints checks the --endpoints entries and returns them

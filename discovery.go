@@ -510,7 +510,7 @@ func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 	for {
 		res := w.watchOnce(ctx, rewatch)
 		if ctx.Err() != nil {
-			return nil
+			return nil //nolint:nilerr // cancellation is shutdown, not a provider failure
 		}
 		switch res.end {
 		case endError:
@@ -609,31 +609,29 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) watchResult {
 	}
 	w.log.Log(ctx, level, "watching endpointslices", "resourceVersion", w.resourceVersion)
 
+	closed := func() watchResult { return watchResult{end: endClosed, open: time.Since(opened)} }
 	for {
 		var ev watch.Event
 		var ok bool
 		select {
-		case <-ctx.Done():
-			// Cancellation, or the client deadline on a silent stream.
-			return watchResult{end: endClosed, open: time.Since(opened)}
+		case <-ctx.Done(): // cancellation, or the client deadline on a silent stream
+			return closed()
 		case ev, ok = <-watcher.ResultChan():
 		}
-		if !ok {
-			return watchResult{end: endClosed, open: time.Since(opened)}
-		}
-		if ev.Type == watch.Error {
-			if ctx.Err() != nil {
-				// The stream reports its own cancellation as an error.
-				return watchResult{end: endClosed, open: time.Since(opened)}
+		switch {
+		case !ok:
+			return closed()
+		case ev.Type != watch.Error:
+			if w.apply(ev) {
+				w.publish()
 			}
-			if streamBroke(ev.Object) {
-				w.log.Debug("watch stream broke", "err", apierrors.FromObject(ev.Object))
-				return watchResult{end: endClosed, open: time.Since(opened)}
-			}
+		case ctx.Err() != nil: // the stream reports its own cancellation as an error
+			return closed()
+		case streamBroke(ev.Object):
+			w.log.Debug("watch stream broke", "err", apierrors.FromObject(ev.Object))
+			return closed()
+		default:
 			return failedWatch(apierrors.FromObject(ev.Object), time.Since(opened))
-		}
-		if w.apply(ev) {
-			w.publish()
 		}
 	}
 }
@@ -691,13 +689,12 @@ func (w *kubeWatcher) apply(ev watch.Event) bool {
 	switch ev.Type {
 	case watch.Added, watch.Modified:
 		w.cache[slice.Name] = slice
-		return true
 	case watch.Deleted:
 		delete(w.cache, slice.Name)
-		return true
 	default:
 		return false
 	}
+	return true
 }
 
 // publish recomputes the endpoints from every cached slice, so a change to

@@ -240,11 +240,11 @@ func (d *daemon) newDiscovery(m *metrics) *mergedProvider {
 		// Asked for but off: the metrics say so from the first scrape
 		// (ExtractedprismDiscoveryNotRunning); a log line is easy to miss.
 		m.discoveryNotStarted(kubeProviderName)
-		level := slog.LevelError // credentials were there, or named with --kubeconfig, and failed
 		if errors.Is(err, errNoKubeCredentials) {
-			level = slog.LevelWarn
+			d.log.Warn("kubernetes discovery off, serving static endpoints only", "err", err)
+		} else { // credentials were there, or named with --kubeconfig, and failed
+			d.log.Error("kubernetes discovery off, serving static endpoints only", "err", err)
 		}
-		d.log.Log(context.Background(), level, "kubernetes discovery off, serving static endpoints only", "err", err)
 		return newMergedProvider(log, m, d.cfg.Endpoints, nil)
 	}
 	var cached []string
@@ -273,7 +273,7 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	// The static and cached endpoints are known before anything listens:
 	// the first client never finds the pool empty.
 	toCache := make(chan []string, 1)
-	applied := d.apply(nil, toCache)
+	applied := d.apply(nil, toCache) //nolint:contextcheck // probes live as long as the pool, which run closes
 	var wg, cacheWG sync.WaitGroup
 	if d.cache != nil {
 		cacheWG.Go(func() { d.cache.writer(ctx, toCache) })
@@ -327,7 +327,7 @@ func (d *daemon) loop(ctx context.Context, applied []string, toCache chan []stri
 		case <-ctx.Done():
 			return
 		case <-d.discovery.notify:
-			applied = d.apply(applied, toCache)
+			applied = d.apply(applied, toCache) //nolint:contextcheck // as in run
 		case <-t.C:
 			d.beat()
 		case <-d.hangups:
@@ -346,7 +346,7 @@ func (d *daemon) apply(applied []string, toCache chan []string) []string {
 		return applied
 	}
 	d.log.Info("endpoint list updated", "endpoints", eps)
-	d.pool.update(eps) //nolint:contextcheck // probes live as long as the pool, which run closes
+	d.pool.update(eps)
 	if d.cache != nil {
 		offerLatest(toCache, d.discovery.discovered())
 	}

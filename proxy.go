@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -338,7 +339,7 @@ func tearDown(pc *proxyConn) {
 		}
 	}
 	deadline := time.Now().Add(flushTimeout)
-	for pause := time.Millisecond; anyQueued(live) && time.Now().Before(deadline); pause = min(2*pause, 50*time.Millisecond) {
+	for pause := time.Millisecond; slices.ContainsFunc(live, queued) && time.Now().Before(deadline); pause = min(2*pause, 50*time.Millisecond) {
 		time.Sleep(pause)
 	}
 	for _, c := range live {
@@ -347,15 +348,6 @@ func tearDown(pc *proxyConn) {
 		}
 		_ = c.Close()
 	}
-}
-
-func anyQueued(cs []net.Conn) bool {
-	for _, c := range cs {
-		if queued(c) {
-			return true
-		}
-	}
-	return false
 }
 
 // closeWrite half-closes c, passing on the end of the other stream. A

@@ -34,27 +34,25 @@ type upstream struct {
 	// a slow dial called off send to it. One pending request is enough.
 	recheck chan struct{}
 
-	healthy     bool
-	failStreak  int
-	lastHealthy time.Time // last successful check or dial; orders last-resort dials
-	lastErr     error     // last failed check, dial or probe
-	lastErrAt   time.Time
-	lastCheck   time.Time
-	tier        int // set by latencySelector when hasTier
-	hasTier     bool
-	rtt         time.Duration // smoothed connect time of successful checks
-	hasRTT      bool
+	healthy    bool
+	failStreak int
+	// lastHealthy, the last successful check or dial, orders last-resort
+	// dials; lastErr is the last failed check, dial or probe.
+	lastHealthy, lastErrAt, lastCheck time.Time
+	lastErr                           error
+	tier                              int           // set by latencySelector when hasTier
+	rtt                               time.Duration // smoothed connect time of successful checks
+	hasTier, hasRTT                   bool
 	// suspect is set from the first failed check or dial until the next
 	// success; its sockets then use the sweep's settings (see sweep.go).
 	suspect bool
 	rd      readiness // with --health-check=readyz only
 	evicted bool      // its connections were closed while unready; until it is ready again
 
-	draining      bool
-	drainDeadline time.Time
-	removed       bool
-	conns         map[*proxyConn]struct{}
-	stopProbes    context.CancelFunc
+	draining, removed bool
+	drainDeadline     time.Time
+	conns             map[*proxyConn]struct{}
+	stopProbes        context.CancelFunc
 
 	// The three deadlines of an upstream, one mechanism (see pool.arm): the
 	// end of its drain, the closing of its connections while it is unready

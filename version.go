@@ -3,6 +3,7 @@ package main
 // Beyond the spec: --version, and the build_info metric's labels.
 
 import (
+	"cmp"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -19,22 +20,16 @@ var Version, Revision string
 func versionInfo() (version, revision string) {
 	version, revision = Version, Revision
 	if info, ok := debug.ReadBuildInfo(); ok {
-		if version == "" && info.Main.Version != "(devel)" {
-			version = info.Main.Version
+		if info.Main.Version != "(devel)" {
+			version = cmp.Or(version, info.Main.Version)
 		}
 		for _, s := range info.Settings {
-			if revision == "" && s.Key == "vcs.revision" {
-				revision = s.Value
+			if s.Key == "vcs.revision" {
+				revision = cmp.Or(revision, s.Value)
 			}
 		}
 	}
-	if version == "" {
-		version = "devel"
-	}
-	if revision == "" {
-		revision = "unknown"
-	}
-	return version, revision
+	return cmp.Or(version, "devel"), cmp.Or(revision, "unknown")
 }
 
 // versionLine is what --version prints.
