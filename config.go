@@ -226,34 +226,27 @@ func flagError(name, format string, args ...any) error {
 // variable, description and default, then the subcommands.
 func printUsage(w io.Writer) {
 	fs, _ := newFlagSet(&config{})
-	fmt.Fprintf(w, "Usage: %s [flags]\n\n", fs.Name())
-	fmt.Fprintln(w, "Per-node TCP load balancer for the Kubernetes API server.")
-	fmt.Fprintln(w, "Each flag can also be set by the EP_ variable shown next to it;")
-	fmt.Fprintln(w, "a flag on the command line wins over its variable.")
-	fmt.Fprintln(w)
+	fmt.Fprint(w, "Usage: extractedprism [flags]\n\nPer-node TCP load balancer for the Kubernetes API server.\n"+
+		"Each flag can also be set by the EP_ variable shown next to it;\n"+
+		"a flag on the command line wins over its variable.\n\n")
 	fs.VisitAll(func(f *flag.Flag) { fmt.Fprintln(w, usageLine(f)) })
-	fmt.Fprintf(w, "\nUsage: %s status [--health-address host:port] [--json]\n\n", fs.Name())
-	fmt.Fprintln(w, "Prints the upstreams of a running daemon, from its /upstreams endpoint.")
-	fmt.Fprintf(w, "\nUsage: %s check [flags]\n\n", fs.Name())
-	fmt.Fprintln(w, "Reads the flags and EP_ variables as a start would and exits 0 if the daemon")
-	fmt.Fprintln(w, "would start with them, or 1 with the message it would stop with; binds nothing.")
+	fmt.Fprint(w, "\nUsage: extractedprism status [--health-address host:port] [--json]\n\n"+
+		"Prints the upstreams of a running daemon, from its /upstreams endpoint.\n"+
+		"\nUsage: extractedprism check [flags]\n\n"+
+		"Reads the flags and EP_ variables as a start would and exits 0 if the daemon\n"+
+		"would start with them, or 1 with the message it would stop with; binds nothing.\n")
 }
 
 // usageLine describes flag f in one line, for example
 // "  --health-interval duration  (EP_HEALTH_INTERVAL) Interval between upstream health checks (default 20s)".
+// An empty or false default means "not set" and is not shown.
 func usageLine(f *flag.Flag) string {
 	typeName, description := flag.UnquoteUsage(f)
-	line := "  --" + f.Name
-	if typeName != "" {
-		line += " " + typeName
-	}
-	line += " "
+	line := strings.TrimRight("  --"+f.Name+" "+typeName, " ") + " "
 	if f.Name != versionFlag {
 		line += " (" + envName(f.Name) + ")"
 	}
-	line += " " + description
-	// An empty or false default means "not set" and says nothing.
-	if f.DefValue != "" && f.DefValue != "false" {
+	if line += " " + description; f.DefValue != "" && f.DefValue != "false" {
 		line += " (default " + f.DefValue + ")"
 	}
 	return line
@@ -265,12 +258,7 @@ func usageLine(f *flag.Flag) string {
 // refuse. A repeated flag keeps its last value.
 type endpointList []string
 
-func (l *endpointList) String() string {
-	if l == nil {
-		return ""
-	}
-	return strings.Join(*l, ",")
-}
+func (l *endpointList) String() string { return strings.Join(*l, ",") }
 
 func (l *endpointList) Set(s string) error {
 	*l = nil
@@ -286,12 +274,7 @@ func (l *endpointList) Set(s string) error {
 // 0x1d1d, and read 07445 as octal 3877: a listener on a port nobody expects.
 type portNumber int
 
-func (p *portNumber) String() string {
-	if p == nil {
-		return "0"
-	}
-	return strconv.Itoa(int(*p))
-}
+func (p *portNumber) String() string { return strconv.Itoa(int(*p)) }
 
 // Set accepts decimal digits alone; validate checks the range.
 func (p *portNumber) Set(s string) error {

@@ -67,8 +67,8 @@ const metricsMaxInFlight = 4
 // goes through readOnly like these, so the method rules stay in one place.
 func newHealthHandler(live func() (bool, string), ready func() bool, gatherer prometheus.Gatherer) *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("/healthz", readOnly(livenessHandler(live)))
-	mux.Handle("/readyz", readOnly(readinessHandler(ready)))
+	mux.Handle("/healthz", readOnly(probeHandler(live)))
+	mux.Handle("/readyz", readOnly(probeHandler(func() (bool, string) { return ready(), "no healthy upstream" })))
 	mux.Handle("/metrics", readOnly(promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{
 		// Our collectors are fixed and in memory, so a gathering error is
 		// a bug. Failing the scrape turns it into up == 0 in Prometheus
@@ -97,37 +97,21 @@ func readOnly(h http.Handler) http.Handler {
 	})
 }
 
-// livenessHandler serves /healthz: 200 while live reports true, 503 with
-// the reason otherwise.
-func livenessHandler(live func() (bool, string)) http.Handler {
+// probeHandler serves /healthz and /readyz: 200 "ok" while check reports
+// true, 503 with the reason it gives otherwise.
+func probeHandler(check func() (bool, string)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if ok, reason := live(); !ok {
+		if ok, reason := check(); !ok {
 			http.Error(w, reason, http.StatusServiceUnavailable)
 			return
 		}
-		writeOK(w)
+		// The headers http.Error sets on the failure path. The status line
+		// is out once the body is written; a client that hung up needs no
+		// answer.
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = io.WriteString(w, "ok\n")
 	})
-}
-
-// readinessHandler serves /readyz: 200 while ready reports true, 503
-// otherwise.
-func readinessHandler(ready func() bool) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		if !ready() {
-			http.Error(w, "no healthy upstream", http.StatusServiceUnavailable)
-			return
-		}
-		writeOK(w)
-	})
-}
-
-// writeOK writes the 200 body of the probe endpoints, with the same headers
-// http.Error sets on the failure path.
-func writeOK(w http.ResponseWriter) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	// The status line is already out; a client that hung up needs no answer.
-	_, _ = io.WriteString(w, "ok\n")
 }
 
 // Health server limits. Its clients are the kubelet (a new connection per

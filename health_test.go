@@ -837,7 +837,7 @@ func TestHealthServerCapClosesNewWhenAllInRequests(t *testing.T) {
 		case <-release:
 		case <-r.Context().Done():
 		}
-		writeOK(w)
+		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.Handle("/", newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry()))
 	srv := startHealthServer(t, mux, nil)

@@ -172,8 +172,8 @@ func (cd *connDial) blame(a attempt) {
 	a.u.log.Debug("dial failed", "err", a.err, "last_resort", a.lastResort, "hedged", a.hedged)
 }
 
-// wait cancels the dials still in flight and waits for them, closing any
-// that connected after another had won.
+// wait cancels the dials still in flight, which happens only once one won,
+// and waits for them, closing any that connected too.
 func (cd *connDial) wait() {
 	cd.cancel()
 	for ; cd.inflight > 0; cd.inflight-- {
@@ -181,7 +181,7 @@ func (cd *connDial) wait() {
 		switch {
 		case a.err == nil:
 			_ = a.conn.Close()
-		case !cd.won || isLocalExhaustion(a.err):
+		case isLocalExhaustion(a.err): // never reached its upstream
 		case !errors.Is(a.err, context.Canceled):
 			cd.blame(a) // it failed on its own just after another won
 		case a.took >= cd.hedgeDelay:
