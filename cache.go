@@ -7,13 +7,13 @@ package main
 // saw.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -92,12 +92,11 @@ func cachedEndpoint(e string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	host, _, _ := net.SplitHostPort(n)
-	ip, err := netip.ParseAddr(host)
+	ap, err := netip.ParseAddrPort(n)
 	if err != nil {
 		return "", fmt.Errorf("endpoint %s: a hostname, which discovery never yields", quoteShort(e))
 	}
-	if why := unusableAddr(ip); why != "" {
+	if why := unusableAddr(ap.Addr()); why != "" {
 		return "", fmt.Errorf("endpoint %s: %s, which discovery never yields", quoteShort(e), why)
 	}
 	return n, nil
@@ -119,13 +118,9 @@ func (c *endpointCache) store(endpoints []string) error {
 	}
 	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
 	_, err = tmp.Write(append(b, '\n'))
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
+	// cmp.Or evaluates every argument: Sync and Close run even after a
+	// failed Write, and the first error is the one reported.
+	if err = cmp.Or(err, tmp.Sync(), tmp.Close()); err == nil {
 		err = os.Rename(tmp.Name(), c.path)
 	}
 	if err != nil {

@@ -36,10 +36,7 @@ func check(args []string, getenv func(string) string, stdout io.Writer) error {
 
 // ignoredSetting is a setting given a value that the rest of the
 // configuration makes irrelevant.
-type ignoredSetting struct {
-	flag    string
-	because string
-}
+type ignoredSetting struct{ flag, because string }
 
 // ignoredSettings lists the settings that have a value but no effect. They
 // are warnings, not errors: turning discovery off, or readyz probes back to

@@ -10,6 +10,7 @@ package main
 // the run loop, on one notify channel, that their union may have changed.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -79,8 +80,7 @@ type mergedProvider struct {
 // cached one (nil without a cache) and providers. It creates every metric
 // series at once: the daemon builds it before anything serves.
 func newMergedProvider(log *slog.Logger, m *metrics, static, cached []string, providers ...provider) *mergedProvider {
-	mp := &mergedProvider{log: log, m: m, providers: providers, notify: make(chan struct{}, 1), lists: map[string][]string{}}
-	mp.order = []string{staticProviderName}
+	mp := &mergedProvider{log: log, m: m, providers: providers, order: []string{staticProviderName}, notify: make(chan struct{}, 1), lists: map[string][]string{}}
 	mp.publish(staticProviderName, static)
 	if len(cached) > 0 {
 		mp.order = append(mp.order, cacheProviderName)
@@ -225,7 +225,6 @@ type sliceClient interface {
 // MiB of memory in every node's copy of this daemon.
 type restSliceClient struct {
 	rc     *rest.RESTClient
-	hc     *http.Client // rc's; see dropIdle
 	params runtime.ParameterCodec
 }
 
@@ -241,15 +240,11 @@ func newRESTSliceClient(cfg *rest.Config) (*restSliceClient, error) {
 	c.GroupVersion = &discoveryv1.SchemeGroupVersion
 	c.APIPath = "/apis"
 	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	hc, err := rest.HTTPClientFor(&c)
+	rc, err := rest.RESTClientFor(&c)
 	if err != nil {
 		return nil, err
 	}
-	rc, err := rest.RESTClientForConfigAndClient(&c, hc)
-	if err != nil {
-		return nil, err
-	}
-	return &restSliceClient{rc: rc, hc: hc, params: runtime.NewParameterCodec(scheme)}, nil
+	return &restSliceClient{rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
 }
 
 // dropIdle closes the client's idle connections after a failed request, so
@@ -257,7 +252,7 @@ func newRESTSliceClient(cfg *rest.Config) (*restSliceClient, error) {
 // upstream for it again. Otherwise every retry would go down the same
 // HTTP/2 connection to the same API server for as long as it answers
 // errors (cut off from etcd, overloaded), however many others are fine.
-func (c *restSliceClient) dropIdle() { utilnet.CloseIdleConnectionsFor(c.hc.Transport) }
+func (c *restSliceClient) dropIdle() { utilnet.CloseIdleConnectionsFor(c.rc.Client.Transport) }
 
 // errWatchNotOpened is a Watch call that failed before a stream opened:
 // the connection closed or timed out during the request. client-go reports
@@ -312,14 +307,12 @@ func kubeRESTConfig(cfg kubeProviderConfig, serviceAccountDir string) (*rest.Con
 			return nil, fmt.Errorf("load kubeconfig %s: %w", cfg.Kubeconfig, err)
 		}
 	} else {
-		token := filepath.Join(serviceAccountDir, "token")
-		ca := filepath.Join(serviceAccountDir, "ca.crt")
+		token, ca := filepath.Join(serviceAccountDir, "token"), filepath.Join(serviceAccountDir, "ca.crt")
 		for _, file := range []string{token, ca} {
-			_, err := os.Stat(file)
-			if errors.Is(err, fs.ErrNotExist) {
+			switch _, err := os.Stat(file); {
+			case errors.Is(err, fs.ErrNotExist):
 				return nil, fmt.Errorf("%w: no kubeconfig and %w", errNoKubeCredentials, err)
-			}
-			if err != nil {
+			case err != nil:
 				return nil, fmt.Errorf("service account: %w", err)
 			}
 		}
@@ -334,9 +327,7 @@ func kubeRESTConfig(cfg kubeProviderConfig, serviceAccountDir string) (*rest.Con
 	// The API server certificate does not name the local listener; it names
 	// kubernetes.default.svc. A server name set in the kubeconfig is the
 	// operator's choice and is kept.
-	if restConfig.ServerName == "" {
-		restConfig.ServerName = cfg.ServerName
-	}
+	restConfig.ServerName = cmp.Or(restConfig.ServerName, cfg.ServerName)
 	// The client must reach the local listener directly: a nil proxy URL
 	// means no proxy. Without this, HTTPS_PROXY would apply whenever the
 	// listener is not on a loopback address.
@@ -483,12 +474,7 @@ type kubeWatcher struct {
 // given; the caller names the component. jitter returns a value in [0, 1);
 // it spreads the backoff delays and watch timeouts.
 func newKubeWatcher(client sliceClient, log *slog.Logger, m *metrics, jitter func() float64) *kubeWatcher {
-	return &kubeWatcher{
-		client: client,
-		log:    log,
-		errors: m.discoveryErrors.WithLabelValues(kubeProviderName),
-		rand:   jitter,
-	}
+	return &kubeWatcher{client: client, log: log, errors: m.discoveryErrors.WithLabelValues(kubeProviderName), rand: jitter}
 }
 
 func (w *kubeWatcher) name() string { return kubeProviderName }
@@ -547,12 +533,7 @@ func (w *kubeWatcher) backOff(ctx context.Context) bool {
 // succeeds, then publishes the endpoints if they changed. It returns false
 // once ctx is done.
 func (w *kubeWatcher) listUntilDone(ctx context.Context) bool {
-	for {
-		err := w.list(ctx)
-		if err == nil {
-			w.publish()
-			return true
-		}
+	for err := w.list(ctx); err != nil; err = w.list(ctx) {
 		if ctx.Err() != nil {
 			return false
 		}
@@ -563,15 +544,15 @@ func (w *kubeWatcher) listUntilDone(ctx context.Context) bool {
 			return false
 		}
 	}
+	w.publish()
+	return true
 }
 
 // list replaces the cache and the resource version with a fresh List.
 func (w *kubeWatcher) list(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
-	list, err := w.client.List(ctx, kubeServiceNamespace, metav1.ListOptions{
-		LabelSelector: kubeServiceSelector,
-	})
+	list, err := w.client.List(ctx, kubeServiceNamespace, metav1.ListOptions{LabelSelector: kubeServiceSelector})
 	if err != nil {
 		return fmt.Errorf("list endpointslices: %w", err)
 	}
@@ -593,10 +574,7 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) watchResult {
 	ctx, cancel := context.WithTimeout(ctx, timeout+watchDeadlineGrace)
 	defer cancel()
 	watcher, err := w.client.Watch(ctx, kubeServiceNamespace, metav1.ListOptions{
-		LabelSelector:       kubeServiceSelector,
-		ResourceVersion:     w.resourceVersion,
-		AllowWatchBookmarks: true,
-		TimeoutSeconds:      &timeoutSeconds,
+		LabelSelector: kubeServiceSelector, ResourceVersion: w.resourceVersion, AllowWatchBookmarks: true, TimeoutSeconds: &timeoutSeconds,
 	})
 	if err != nil {
 		return failedWatch(err, 0)
@@ -611,27 +589,25 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) watchResult {
 
 	closed := func() watchResult { return watchResult{end: endClosed, open: time.Since(opened)} }
 	for {
-		var ev watch.Event
-		var ok bool
 		select {
 		case <-ctx.Done(): // cancellation, or the client deadline on a silent stream
 			return closed()
-		case ev, ok = <-watcher.ResultChan():
-		}
-		switch {
-		case !ok:
-			return closed()
-		case ev.Type != watch.Error:
-			if w.apply(ev) {
-				w.publish()
+		case ev, ok := <-watcher.ResultChan():
+			switch {
+			case !ok:
+				return closed()
+			case ev.Type != watch.Error:
+				if w.apply(ev) {
+					w.publish()
+				}
+			case ctx.Err() != nil: // the stream reports its own cancellation as an error
+				return closed()
+			case streamBroke(ev.Object):
+				w.log.Debug("watch stream broke", "err", apierrors.FromObject(ev.Object))
+				return closed()
+			default:
+				return failedWatch(apierrors.FromObject(ev.Object), time.Since(opened))
 			}
-		case ctx.Err() != nil: // the stream reports its own cancellation as an error
-			return closed()
-		case streamBroke(ev.Object):
-			w.log.Debug("watch stream broke", "err", apierrors.FromObject(ev.Object))
-			return closed()
-		default:
-			return failedWatch(apierrors.FromObject(ev.Object), time.Since(opened))
 		}
 	}
 }
