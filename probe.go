@@ -75,7 +75,9 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		case <-t.C:
 		case <-u.recheck:
 		}
-		res := p.checkOnce(ctx, u)
+		checkCtx, cancel := context.WithTimeout(ctx, p.cfg.timeout) // each check has its own deadline
+		res := p.check(checkCtx, u.addr)
+		cancel()
 		if ctx.Err() != nil {
 			return // stopped mid-check: the result says nothing about u
 		}
@@ -91,24 +93,16 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 	}
 }
 
-// checkOnce runs one check under its own deadline.
-func (p *pool) checkOnce(ctx context.Context, u *upstream) checkResult {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.timeout)
-	defer cancel()
-	return p.check(ctx, u.addr)
-}
-
 // readyzProbe is the --health-check=readyz check: a TCP connect, then an
 // HTTPS GET /readyz on the same connection, both within the check deadline.
 // Credentials are read from their files on every probe, so rotation needs
 // no restart, and a credential that does not exist yet fails the probe, not
 // the daemon.
 type readyzProbe struct {
-	caFile     string
-	certFile   string // with keyFile: client certificate, may be one file
-	keyFile    string
-	tokenFile  string // bearer token
-	serverName string // the serving certificate is verified against it
+	// certFile and keyFile hold the client certificate and may be one
+	// file; tokenFile holds a bearer token.
+	caFile, certFile, keyFile, tokenFile string
+	serverName                           string // the serving certificate is verified against it
 }
 
 // maxReadyzResponse bounds what a probe reads of an answer, so an upstream

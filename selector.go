@@ -42,20 +42,17 @@ func newLatencySelector(m *metrics) *latencySelector {
 func (s *latencySelector) order(all, candidates []*upstream) [][]*upstream {
 	// Unhealthy and draining upstreams keep their tier, so losing part of a
 	// tier does not let a farther tier in.
-	var samples []rttSample
-	for _, u := range all {
-		if u.hasRTT {
-			samples = append(samples, rttSample{addr: u.addr, avg: u.rtt})
-		}
+	measured := slices.DeleteFunc(slices.Clone(all), func(u *upstream) bool { return !u.hasRTT })
+	samples := make([]rttSample, len(measured))
+	for i, u := range measured {
+		samples[i] = rttSample{addr: u.addr, avg: u.rtt}
 	}
 	tiers := buildTiers(samples, s.groups)
 	s.groups = groupsOf(tiers)
-	for _, u := range all {
-		if u.hasRTT {
-			u.tier, u.hasTier = s.groups[u.addr], true
-			s.m.upstreamRTT.WithLabelValues(u.addr).Set(u.rtt.Seconds())
-			s.m.upstreamTier.WithLabelValues(u.addr).Set(float64(u.tier))
-		}
+	for _, u := range measured {
+		u.tier, u.hasTier = s.groups[u.addr], true
+		s.m.upstreamRTT.WithLabelValues(u.addr).Set(u.rtt.Seconds())
+		s.m.upstreamTier.WithLabelValues(u.addr).Set(float64(u.tier))
 	}
 	byTier := make([][]*upstream, len(tiers))
 	var fresh []*upstream
@@ -168,9 +165,8 @@ func buildTiers(samples []rttSample, prev map[string]int) [][]string {
 	})
 	var tiers [][]string
 	for len(rest) > 0 {
-		var tier []string
-		tier, rest = takeTier(rest, prev)
-		tiers = append(tiers, tier)
+		tier, left := takeTier(rest, prev)
+		tiers, rest = append(tiers, tier), left
 	}
 	return tiers
 }

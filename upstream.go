@@ -45,9 +45,10 @@ type upstream struct {
 	hasTier, hasRTT                   bool
 	// suspect is set from the first failed check or dial until the next
 	// success; its sockets then use the sweep's settings (see sweep.go).
-	suspect bool
-	rd      readiness // with --health-check=readyz only
-	evicted bool      // its connections were closed while unready; until it is ready again
+	// evicted is set once its connections were closed while unready, until
+	// it is ready again.
+	suspect, evicted bool
+	rd               readiness // with --health-check=readyz only
 
 	draining, removed bool
 	drainDeadline     time.Time
@@ -63,8 +64,7 @@ type upstream struct {
 // proxyConn is one proxied connection: the accepted client socket and the
 // upstream socket it was joined to.
 type proxyConn struct {
-	client   net.Conn
-	upstream net.Conn // set before the pool learns of pc, never changed after
+	client, upstream net.Conn // upstream is set before the pool learns of pc, never changed after
 	// dead is set once pc is counted in dead_connections_closed_total, by
 	// the copy that met the kernel's ETIMEDOUT or by the sweep.
 	dead atomic.Bool
@@ -74,6 +74,13 @@ type proxyConn struct {
 func (pc *proxyConn) close() {
 	_ = pc.client.Close()
 	_ = pc.upstream.Close()
+}
+
+// closeConns force-closes every connection of u. pool.mu must be held.
+func (u *upstream) closeConns() {
+	for pc := range u.conns {
+		pc.close()
+	}
 }
 
 // snapshot is an immutable view of the pool that the accept path reads
@@ -87,14 +94,14 @@ type snapshot struct {
 
 // poolConfig holds the timing the pool applies to every upstream.
 type poolConfig struct {
-	interval     time.Duration // between health checks
-	timeout      time.Duration // per health check
-	drainTimeout time.Duration // grace for connections of a removed or unready upstream
-	// quickRecheck is the delay of the check that follows a failed one, so
-	// two failures take seconds rather than two intervals; 0 turns it off.
-	quickRecheck time.Duration
-	sweep        bool // see sweep.go
-	readyz       bool // readiness is part of selection; checks return probe results
+	// interval: between health checks. timeout: per health check.
+	// drainTimeout: grace for connections of a removed or unready upstream.
+	// quickRecheck: the delay of the check that follows a failed one, so two
+	// failures take seconds rather than two intervals; 0 turns it off.
+	interval, timeout, drainTimeout, quickRecheck time.Duration
+	// sweep: see sweep.go. readyz: readiness is part of selection, and
+	// checks return probe results.
+	sweep, readyz bool
 }
 
 // pool owns the set of upstreams: it adds and drains them as the endpoint
@@ -182,14 +189,19 @@ func (p *pool) arm(d *deadline, delay time.Duration, fn func()) {
 
 // stop calls d off and reports whether it was pending. p.mu must be held.
 func (p *pool) stop(d *deadline) bool {
-	if d.t == nil {
-		return false
-	}
-	if d.t.Stop() {
+	pending := d.t != nil
+	if pending && d.t.Stop() {
 		p.wg.Done()
 	}
 	d.t = nil
-	return true
+	return pending
+}
+
+// stopDeadlinesLocked calls off every deadline of u. p.mu must be held.
+func (p *pool) stopDeadlinesLocked(u *upstream) {
+	p.stop(&u.drain)
+	p.stop(&u.evict)
+	p.stop(&u.sweep)
 }
 
 // close stops every probe and deadline and waits for them. It does not
@@ -198,9 +210,7 @@ func (p *pool) close() {
 	p.mu.Lock()
 	p.closed = true
 	for _, u := range p.upstreams {
-		p.stop(&u.drain)
-		p.stop(&u.evict)
-		p.stop(&u.sweep)
+		p.stopDeadlinesLocked(u)
 	}
 	p.unlock()
 	p.cancel()
@@ -219,7 +229,10 @@ func (p *pool) update(addrs []string) {
 		if u, ok := p.upstreams[addr]; !ok {
 			p.addLocked(addr)
 		} else if u.draining {
-			p.abortDrainLocked(u)
+			u.draining = false
+			p.stop(&u.drain)
+			p.startProbesLocked(u)
+			p.note(u, slog.LevelInfo, "upstream re-added, drain aborted", "connections", len(u.conns))
 		}
 	}
 	for addr, u := range p.upstreams {
@@ -272,24 +285,13 @@ func (p *pool) startDrainLocked(u *upstream) {
 	})
 }
 
-func (p *pool) abortDrainLocked(u *upstream) {
-	u.draining = false
-	p.stop(&u.drain)
-	p.startProbesLocked(u)
-	p.note(u, slog.LevelInfo, "upstream re-added, drain aborted", "connections", len(u.conns))
-}
-
 // removeLocked takes u out of the pool, closes its remaining connections and
 // deletes its metric series.
 func (p *pool) removeLocked(u *upstream) {
-	p.stop(&u.drain)
-	p.stop(&u.evict)
-	p.stop(&u.sweep)
+	p.stopDeadlinesLocked(u)
 	u.removed = true
 	delete(p.upstreams, u.addr)
-	for pc := range u.conns {
-		pc.close()
-	}
+	u.closeConns()
 	clear(u.conns)
 	p.m.forgetUpstream(u.addr)
 }
@@ -367,10 +369,7 @@ func (p *pool) applyLocked(u *upstream, res checkResult) (changed bool) {
 	if changed {
 		p.m.healthStatus.WithLabelValues(u.addr).Set(boolGauge(u.healthy))
 	}
-	if p.cfg.readyz && p.applyReadyLocked(u, res) {
-		changed = true
-	}
-	return changed
+	return (p.cfg.readyz && p.applyReadyLocked(u, res)) || changed
 }
 
 // applyReadyLocked moves u's readiness by one result and reports whether
@@ -396,15 +395,14 @@ func (p *pool) applyReadyLocked(u *upstream, res checkResult) bool {
 
 // readiness is an upstream's /readyz state, with --health-check=readyz.
 type readiness struct {
-	ready   bool
-	pending bool // not ready until a probe passes: new, or unreachable since
-	known   bool // a probe has run: upstream_ready is exported
-	streak  int  // failed probes in a row
+	// pending means not ready until a probe passes: new, or unreachable
+	// since. known means a probe has run, so upstream_ready is exported.
 	// reprobe is set by a failed connect while the upstream stays healthy:
 	// it keeps its readiness, but gets new connections only while no other
 	// ready upstream is free of it, and one failed probe makes it not
 	// ready. A passing probe clears it.
-	reprobe bool
+	ready, pending, known, reprobe bool
+	streak                         int // failed probes in a row
 }
 
 // step applies one check result to r and reports false when the result
@@ -475,9 +473,7 @@ func (p *pool) closeConns() {
 	p.mu.Lock()
 	defer p.unlock()
 	for _, u := range p.upstreams {
-		for pc := range u.conns {
-			pc.close()
-		}
+		u.closeConns()
 	}
 }
 
@@ -555,9 +551,7 @@ func (p *pool) updateEvictionsLocked(all []*upstream, ready int) {
 func (p *pool) evictLocked(u *upstream) {
 	u.evicted = true
 	p.note(u, slog.LevelInfo, "closing connections of unready upstream", "connections", len(u.conns))
-	for pc := range u.conns {
-		pc.close()
-	}
+	u.closeConns()
 }
 
 // pick returns a pickable upstream that is not in tried, or nil: a random
