@@ -66,9 +66,9 @@ type proxy struct {
 
 	// stalledSince is when Accept started failing (UnixNano), 0 while it
 	// works; the liveness beat reads it.
-	stalledSince   atomic.Int64
-	limitWarn      rateLog
-	refusedWarning rateLog
+	stalledSince atomic.Int64
+
+	limitWarn, refusedWarning rateLog // see warnEvery
 }
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
@@ -282,13 +282,14 @@ func (p *proxy) copyBoth(pc *proxyConn) {
 	case first.err == nil:
 		closeWrite(first.dst)
 	case connBroken(first.dst) && !connBroken(first.src):
-		if !awaitResult(results, &first) {
+		select {
+		case second := <-results:
+			p.noteDead(pc, second.err)
+			tearDown(pc)
+		case <-time.After(flushTimeout):
 			pc.close() // the other direction is stuck on a peer that does not read
 			<-results
-			return
 		}
-		p.noteDead(pc, first.err)
-		tearDown(pc)
 		return
 	default:
 		tearDown(pc)
@@ -297,19 +298,6 @@ func (p *proxy) copyBoth(pc *proxyConn) {
 	p.noteDead(pc, second.err)
 	if second.err != nil {
 		tearDown(pc)
-	}
-}
-
-// awaitResult waits up to flushTimeout for the other direction's result,
-// stored in r, and reports whether it came.
-func awaitResult(results <-chan copyResult, r *copyResult) bool {
-	t := time.NewTimer(flushTimeout)
-	defer t.Stop()
-	select {
-	case *r = <-results:
-		return true
-	case <-t.C:
-		return false
 	}
 }
 
