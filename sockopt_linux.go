@@ -78,16 +78,13 @@ func queued(c net.Conn) bool {
 // c retransmits unacknowledged data (its retransmission timer has fired),
 // 0 if c is not retransmitting.
 func stalledFor(c net.Conn) time.Duration {
-	ti, ok := tcpInfo(c)
-	if !ok {
-		return 0
-	}
+	ti, _ := tcpInfo(c)
 	return stalledInfo(ti)
 }
 
-// stalledInfo is stalledFor from a socket's TCP_INFO.
+// stalledInfo is stalledFor from a socket's TCP_INFO, nil for none.
 func stalledInfo(ti *unix.TCPInfo) time.Duration {
-	if ti.State == unix.BPF_TCP_CLOSE || ti.Unacked == 0 || ti.Backoff == 0 {
+	if ti == nil || ti.State == unix.BPF_TCP_CLOSE || ti.Unacked == 0 || ti.Backoff == 0 {
 		return 0
 	}
 	return time.Duration(ti.Last_ack_recv) * time.Millisecond
