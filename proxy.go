@@ -76,9 +76,8 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 	m.connLimit.Set(float64(max(maxConns, 1)))
 	return &proxy{
 		log: log, m: m, pool: pl, dial: d.DialContext, dialTimeout: dialTimeout, hedge: true,
-		slots:          make(chan struct{}, max(maxConns, 1)),
-		limitWarn:      rateLog{every: warnEvery},
-		refusedWarning: rateLog{every: warnEvery},
+		slots:     make(chan struct{}, max(maxConns, 1)),
+		limitWarn: rateLog{every: warnEvery}, refusedWarning: rateLog{every: warnEvery},
 	}
 }
 
