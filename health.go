@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -98,19 +97,16 @@ func readOnly(h http.Handler) http.Handler {
 }
 
 // probeHandler serves /healthz and /readyz: 200 "ok" while check reports
-// true, 503 with the reason it gives otherwise.
+// true, 503 with the reason it gives otherwise. Both answers go through
+// http.Error, which writes a line of plain text with any status, so they
+// carry the same headers.
 func probeHandler(check func() (bool, string)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		status, body := http.StatusOK, "ok"
 		if ok, reason := check(); !ok {
-			http.Error(w, reason, http.StatusServiceUnavailable)
-			return
+			status, body = http.StatusServiceUnavailable, reason
 		}
-		// The headers http.Error sets on the failure path. The status line
-		// is out once the body is written; a client that hung up needs no
-		// answer.
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		_, _ = io.WriteString(w, "ok\n")
+		http.Error(w, body, status)
 	})
 }
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -55,7 +56,6 @@ type connDial struct {
 	tried        []*upstream
 	inflight     int
 	drainRetried bool
-	won          bool
 	stop         bool          // no further dials: out of descriptors, or the drain retry used
 	hedgeDelay   time.Duration // of the hedge timer last armed
 	lastErr      error
@@ -76,7 +76,6 @@ func (p *proxy) connect(ctx context.Context, pc *proxyConn) (*upstream, error) {
 	}
 	cd.hedgeDelay = p.pool.snap.Load().hedgeDelay
 	hedge := time.NewTimer(cd.hedgeDelay)
-	defer hedge.Stop()
 	for cd.inflight > 0 {
 		select {
 		case a := <-cd.results:
@@ -119,14 +118,23 @@ func (cd *connDial) start(hedged bool) bool {
 	return true
 }
 
-// finish handles one finished dial and reports whether it won.
+// finish handles one finished dial and reports whether it won. A failed
+// dial cancelled by shutdown says nothing about its upstream; nor does one
+// that failed because this process is out of descriptors, which ends the
+// dialling.
 func (cd *connDial) finish(a attempt, pc *proxyConn) bool {
 	switch {
-	case a.err != nil:
-		cd.failed(a)
-		return false
 	case cd.ctx.Err() != nil: // shutdown
-		_ = a.conn.Close()
+		if a.err == nil {
+			_ = a.conn.Close()
+		}
+		return false
+	case isLocalExhaustion(a.err):
+		cd.lastErr, cd.stop = a.err, true
+		return false
+	case a.err != nil:
+		cd.lastErr = a.err
+		cd.blame(a)
 		return false
 	}
 	pc.upstream = a.conn
@@ -134,7 +142,6 @@ func (cd *connDial) finish(a attempt, pc *proxyConn) bool {
 		if a.hedged {
 			cd.p.m.hedgedWins.Inc()
 		}
-		cd.won = true
 		cd.cancel() // the other dial, if any, lost
 		return true
 	}
@@ -143,21 +150,6 @@ func (cd *connDial) finish(a attempt, pc *proxyConn) bool {
 	pc.upstream = nil
 	cd.lastErr, cd.stop, cd.drainRetried = errDraining, cd.drainRetried, true
 	return false
-}
-
-// failed accounts a failed dial. A dial cancelled because another won, or
-// by shutdown, says nothing about its upstream; nor does one that failed
-// because this process is out of descriptors, which ends the dialling.
-func (cd *connDial) failed(a attempt) {
-	if cd.ctx.Err() != nil {
-		return
-	}
-	cd.lastErr = a.err
-	if isLocalExhaustion(a.err) {
-		cd.stop = true
-		return
-	}
-	cd.blame(a)
 }
 
 // blame counts the failed dial a against its upstream. A last-resort dial
@@ -219,12 +211,8 @@ func (p *proxy) dialAttempt(ctx context.Context, a attempt, results chan<- attem
 // cannot use that upstream either, so both count against it and new
 // connections go elsewhere; checks leave no TIME_WAIT to use ports up.
 func isLocalExhaustion(err error) bool {
-	for _, e := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc([]error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM},
+		func(e error) bool { return errors.Is(err, e) })
 }
 
 // confirmSlow asks for a check of u now, after a dial to it was called off

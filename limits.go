@@ -38,28 +38,21 @@ const (
 
 // maxConnections returns the bound on proxied connections and what sets
 // it: the open-files limit nofile or, where it is lower, the memory limit
-// (0 for none) of the process's cgroup.
+// of the process's cgroup (0 for none), less memReserve and never below
+// fewConnections.
 func maxConnections(nofile, memory uint64) (int, string) {
-	limit := 1
+	byFiles := 1
 	if nofile > fdReserve+fdsPerConn {
-		limit = int(min((nofile-fdReserve)/fdsPerConn, 1<<20))
+		byFiles = int(min((nofile-fdReserve)/fdsPerConn, 1<<20))
 	}
-	if m := memConnLimit(memory); m > 0 && m < limit {
-		return m, limitByMemory
+	byMemory := fewConnections
+	if memory > memReserve+fewConnections*memPerConn {
+		byMemory = int(min((memory-memReserve)/memPerConn, 1<<20))
 	}
-	return limit, limitByFiles
-}
-
-// memConnLimit derives the number of proxied connections from a memory
-// limit in bytes, keeping memReserve for everything else; 0 for no limit.
-func memConnLimit(memory uint64) int {
-	switch {
-	case memory == 0:
-		return 0
-	case memory <= memReserve+fewConnections*memPerConn:
-		return fewConnections
+	if memory != 0 && byMemory < byFiles {
+		return byMemory, limitByMemory
 	}
-	return int(min((memory-memReserve)/memPerConn, 1<<20))
+	return byFiles, limitByFiles
 }
 
 // warnFewConnections warns when the bound leaves room for few proxied

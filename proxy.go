@@ -66,9 +66,9 @@ type proxy struct {
 
 	// stalledSince is when Accept started failing (UnixNano), 0 while it
 	// works; the liveness beat reads it.
-	stalledSince   atomic.Int64
-	limitWarn      rateLog
-	refusedWarning rateLog
+	stalledSince atomic.Int64
+
+	limitWarn, refusedWarning rateLog // see warnEvery
 }
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
@@ -76,9 +76,8 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 	m.connLimit.Set(float64(max(maxConns, 1)))
 	return &proxy{
 		log: log, m: m, pool: pl, dial: d.DialContext, dialTimeout: dialTimeout, hedge: true,
-		slots:          make(chan struct{}, max(maxConns, 1)),
-		limitWarn:      rateLog{every: warnEvery},
-		refusedWarning: rateLog{every: warnEvery},
+		slots:     make(chan struct{}, max(maxConns, 1)),
+		limitWarn: rateLog{every: warnEvery}, refusedWarning: rateLog{every: warnEvery},
 	}
 }
 
@@ -282,13 +281,14 @@ func (p *proxy) copyBoth(pc *proxyConn) {
 	case first.err == nil:
 		closeWrite(first.dst)
 	case connBroken(first.dst) && !connBroken(first.src):
-		if !awaitResult(results, &first) {
+		select {
+		case second := <-results:
+			p.noteDead(pc, second.err)
+			tearDown(pc)
+		case <-time.After(flushTimeout):
 			pc.close() // the other direction is stuck on a peer that does not read
 			<-results
-			return
 		}
-		p.noteDead(pc, first.err)
-		tearDown(pc)
 		return
 	default:
 		tearDown(pc)
@@ -297,19 +297,6 @@ func (p *proxy) copyBoth(pc *proxyConn) {
 	p.noteDead(pc, second.err)
 	if second.err != nil {
 		tearDown(pc)
-	}
-}
-
-// awaitResult waits up to flushTimeout for the other direction's result,
-// stored in r, and reports whether it came.
-func awaitResult(results <-chan copyResult, r *copyResult) bool {
-	t := time.NewTimer(flushTimeout)
-	defer t.Stop()
-	select {
-	case *r = <-results:
-		return true
-	case <-t.C:
-		return false
 	}
 }
 

@@ -33,13 +33,11 @@ func setDeferAccept(rc syscall.RawConn, d time.Duration) error {
 
 func setOption(rc syscall.RawConn, level, opt, value int) error {
 	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, opt, value) }); err != nil {
-		return err
-	}
+	err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, opt, value) })
 	if serr != nil {
 		return fmt.Errorf("setsockopt %d: %w", opt, serr)
 	}
-	return nil
+	return err // a Control that fails has not run the setsockopt
 }
 
 // tcpInfo returns c's TCP_INFO; false if c is no TCP socket or is closed.
@@ -52,11 +50,9 @@ func tcpInfo(c net.Conn) (*unix.TCPInfo, bool) {
 	if err != nil {
 		return nil, false
 	}
-	var ti *unix.TCPInfo
-	if err := rc.Control(func(fd uintptr) { ti, _ = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || ti == nil {
-		return nil, false
-	}
-	return ti, true
+	var ti *unix.TCPInfo // stays nil if Control fails, as it then runs nothing
+	err = rc.Control(func(fd uintptr) { ti, _ = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+	return ti, err == nil
 }
 
 // connBroken reports whether c's connection is over: reset or timed out by
@@ -78,16 +74,13 @@ func queued(c net.Conn) bool {
 // c retransmits unacknowledged data (its retransmission timer has fired),
 // 0 if c is not retransmitting.
 func stalledFor(c net.Conn) time.Duration {
-	ti, ok := tcpInfo(c)
-	if !ok {
-		return 0
-	}
+	ti, _ := tcpInfo(c)
 	return stalledInfo(ti)
 }
 
-// stalledInfo is stalledFor from a socket's TCP_INFO.
+// stalledInfo is stalledFor from a socket's TCP_INFO, nil for none.
 func stalledInfo(ti *unix.TCPInfo) time.Duration {
-	if ti.State == unix.BPF_TCP_CLOSE || ti.Unacked == 0 || ti.Backoff == 0 {
+	if ti == nil || ti.State == unix.BPF_TCP_CLOSE || ti.Unacked == 0 || ti.Backoff == 0 {
 		return 0
 	}
 	return time.Duration(ti.Last_ack_recv) * time.Millisecond
