@@ -284,6 +284,9 @@ func (v *violations) addf(bad bool, name, format string, args ...any) {
 	}
 }
 
+// hostRule is what validate says of an address or name that is neither.
+const hostRule = "must be an IP address or RFC 1123 hostname: got %q"
+
 // validate checks every rule of the configuration and normalizes
 // Endpoints. It reports every violation, one line each, naming the flag and
 // its variable and saying what is allowed.
@@ -296,7 +299,6 @@ func (c *config) validate() error {
 }
 
 func (c *config) validateAddresses(v *violations) {
-	const hostRule = "must be an IP address or RFC 1123 hostname: got %q"
 	v.addf(!validHost(c.BindAddress), "bind-address", hostRule, c.BindAddress)
 	// An unset --health-bind-address copies --bind-address, judged above.
 	v.addf(c.HealthBindAddress != c.BindAddress && !validHost(c.HealthBindAddress), "health-bind-address", hostRule, c.HealthBindAddress)
@@ -332,11 +334,10 @@ func (c *config) validateModes(v *violations) {
 	v.addf(c.HealthCheck == checkReadyz && c.HealthCheckCAFile == "", "health-check-ca-file", "is required with %s set to readyz", flagRef("health-check"))
 	v.addf((c.HealthCheckCertFile == "") != (c.HealthCheckKeyFile == ""), "health-check-cert-file", "and %s must be set together: got cert %q, key %q",
 		flagRef("health-check-key-file"), c.HealthCheckCertFile, c.HealthCheckKeyFile)
-	name := c.HealthCheckServerName
-	v.addf(!validHost(name), "health-check-server-name", "must be an IP address or RFC 1123 hostname: got %q", name)
+	v.addf(!validHost(c.HealthCheckServerName), "health-check-server-name", hostRule, c.HealthCheckServerName)
 	// A zone names a local interface; certificates know nothing of it.
-	a, err := netip.ParseAddr(name)
-	v.addf(err == nil && a.Zone() != "", "health-check-server-name", "must not have an IPv6 zone: got %q", name)
+	a, err := netip.ParseAddr(c.HealthCheckServerName)
+	v.addf(err == nil && a.Zone() != "", "health-check-server-name", "must not have an IPv6 zone: got %q", c.HealthCheckServerName)
 }
 
 // normalizeEndpoints checks the --endpoints entries and returns them
