@@ -33,26 +33,20 @@ type config struct {
 	HealthPort        int
 	Endpoints         []string // "host:port", normalized by validate
 
-	HealthInterval time.Duration
-	HealthTimeout  time.Duration
+	HealthInterval, HealthTimeout time.Duration
 
 	EnableDiscovery   bool
 	Kubeconfig        string // beyond the spec: run discovery outside a pod
 	EndpointCacheFile string // beyond the spec: keep the discovered list across restarts
 
-	LogLevel          string
-	LivenessInterval  time.Duration
-	LivenessThreshold time.Duration
-	DrainTimeout      time.Duration
+	LogLevel                                          string
+	LivenessInterval, LivenessThreshold, DrainTimeout time.Duration
 
 	UpstreamSelection string // selectRandom or selectLatency
 	HealthCheck       string // checkTCP or checkReadyz
 
-	HealthCheckCAFile     string
-	HealthCheckCertFile   string
-	HealthCheckKeyFile    string
-	HealthCheckTokenFile  string
-	HealthCheckServerName string
+	// The readyz probe's files and the name its certificates are checked against.
+	HealthCheckCAFile, HealthCheckCertFile, HealthCheckKeyFile, HealthCheckTokenFile, HealthCheckServerName string
 }
 
 // errVersionShown is returned by parseConfig after --version printed the
@@ -134,12 +128,9 @@ func newFlagSet(cfg *config) (*flag.FlagSet, *bool) {
 	return fs, fs.Bool(versionFlag, false, "Print the version and exit")
 }
 
-// refusals records the values flags refused, by flag name, and what kind
-// of value each flag takes.
-type refusals struct {
-	values map[string]string
-	kinds  map[string]string
-}
+// refusals records, by flag name, what each flag refused, as
+// "invalid <kind> <value>".
+type refusals map[string]string
 
 // lenientValue is a flag's value that takes any text: a value its flag
 // refuses is recorded in refusals instead of failing, so that parsing goes
@@ -147,15 +138,14 @@ type refusals struct {
 // than the flag package's ("parse error"). The last value given counts.
 type lenientValue struct {
 	flag.Value
-	name string
-	r    *refusals
+	name, kind string // kind is the kind of value the flag takes
+	r          refusals
 }
 
 func (v *lenientValue) Set(s string) error {
+	delete(v.r, v.name)
 	if err := v.Value.Set(s); err != nil {
-		v.r.values[v.name] = s
-	} else {
-		delete(v.r.values, v.name)
+		v.r[v.name] = fmt.Sprintf("invalid %s %q", v.kind, s)
 	}
 	return nil
 }
@@ -166,16 +156,14 @@ type lenientBool struct{ *lenientValue }
 func (lenientBool) IsBoolFlag() bool { return true }
 
 // lenient makes every flag of fs a lenientValue recording into the result.
-func lenient(fs *flag.FlagSet) *refusals {
-	r := &refusals{values: map[string]string{}, kinds: map[string]string{}}
+func lenient(fs *flag.FlagSet) refusals {
+	r := refusals{}
 	fs.VisitAll(func(f *flag.Flag) {
 		kind, _ := flag.UnquoteUsage(f)
-		v := &lenientValue{Value: f.Value, name: f.Name, r: r}
-		switch kind {
-		case "": // UnquoteUsage names no type for a boolean flag
-			r.kinds[f.Name], f.Value = "boolean", lenientBool{v}
-		default:
-			r.kinds[f.Name], f.Value = kind, v
+		v := &lenientValue{Value: f.Value, name: f.Name, kind: kind, r: r}
+		f.Value = v
+		if kind == "" { // UnquoteUsage names no type for a boolean flag
+			v.kind, f.Value = "boolean", lenientBool{v}
 		}
 	})
 	return r
@@ -183,18 +171,18 @@ func lenient(fs *flag.FlagSet) *refusals {
 
 // take returns an error for each refused value, naming its flag with ref,
 // and forgets them.
-func (r *refusals) take(ref func(string) string) error {
-	errs := make([]error, 0, len(r.values))
-	for _, name := range slices.Sorted(maps.Keys(r.values)) {
-		errs = append(errs, fmt.Errorf("%s: invalid %s %q", ref(name), r.kinds[name], r.values[name]))
+func (r refusals) take(ref func(string) string) error {
+	errs := make([]error, 0, len(r))
+	for _, name := range slices.Sorted(maps.Keys(r)) {
+		errs = append(errs, fmt.Errorf("%s: %s", ref(name), r[name]))
 	}
-	clear(r.values)
+	clear(r)
 	return errors.Join(errs...)
 }
 
 // applyEnv sets every flag not in set from its EP_ variable, through the
 // flag's own parser, and reports the values refused.
-func applyEnv(fs *flag.FlagSet, getenv func(string) string, set map[string]bool, r *refusals) error {
+func applyEnv(fs *flag.FlagSet, getenv func(string) string, set map[string]bool, r refusals) error {
 	fs.VisitAll(func(f *flag.Flag) {
 		if value := getenv(envName(f.Name)); value != "" && !set[f.Name] && f.Name != versionFlag {
 			_ = fs.Set(f.Name, value) // a lenientValue: a refusal lands in r
@@ -296,6 +284,9 @@ func (v *violations) addf(bad bool, name, format string, args ...any) {
 	}
 }
 
+// hostRule is what validate says of an address or name that is neither.
+const hostRule = "must be an IP address or RFC 1123 hostname: got %q"
+
 // validate checks every rule of the configuration and normalizes
 // Endpoints. It reports every violation, one line each, naming the flag and
 // its variable and saying what is allowed.
@@ -308,33 +299,26 @@ func (c *config) validate() error {
 }
 
 func (c *config) validateAddresses(v *violations) {
-	const hostRule = "must be an IP address or RFC 1123 hostname: got %q"
 	v.addf(!validHost(c.BindAddress), "bind-address", hostRule, c.BindAddress)
 	// An unset --health-bind-address copies --bind-address, judged above.
 	v.addf(c.HealthBindAddress != c.BindAddress && !validHost(c.HealthBindAddress), "health-bind-address", hostRule, c.HealthBindAddress)
-	if endpoints, err := normalizeEndpoints(c.Endpoints); err != nil {
-		*v = append(*v, err)
-	} else {
+	endpoints, err := normalizeEndpoints(c.Endpoints)
+	if err == nil {
 		c.Endpoints = endpoints
-		if err := c.checkOwnListener(); err != nil {
-			*v = append(*v, err)
-		}
+		err = c.checkOwnListener()
 	}
+	*v = append(*v, err) // nil if both passed, which errors.Join drops
 	v.addf(c.BindPort < 1 || c.BindPort > 65535, "bind-port", "must be in 1-65535: got %d", c.BindPort)
 	v.addf(c.HealthPort < 1 || c.HealthPort > 65535, "health-port", "must be in 1-65535: got %d", c.HealthPort)
 	v.addf(c.HealthPort == c.BindPort, "health-port", "must differ from %s: both are %d", flagRef("bind-port"), c.BindPort)
 }
 
 func (c *config) validateTimings(v *violations) {
-	for _, d := range []struct {
-		name  string
-		value time.Duration
-	}{
-		{"health-interval", c.HealthInterval}, {"health-timeout", c.HealthTimeout},
-		{"liveness-interval", c.LivenessInterval}, {"liveness-threshold", c.LivenessThreshold},
-	} {
-		v.addf(d.value < time.Second, d.name, "must be at least 1s: got %v", d.value)
-	}
+	const minRule = "must be at least 1s: got %v"
+	v.addf(c.HealthInterval < time.Second, "health-interval", minRule, c.HealthInterval)
+	v.addf(c.HealthTimeout < time.Second, "health-timeout", minRule, c.HealthTimeout)
+	v.addf(c.LivenessInterval < time.Second, "liveness-interval", minRule, c.LivenessInterval)
+	v.addf(c.LivenessThreshold < time.Second, "liveness-threshold", minRule, c.LivenessThreshold)
 	v.addf(c.HealthTimeout >= c.HealthInterval, "health-timeout", "must be less than %s: got %v >= %v",
 		flagRef("health-interval"), c.HealthTimeout, c.HealthInterval)
 	v.addf(c.LivenessThreshold <= c.LivenessInterval, "liveness-threshold", "must be greater than %s: got %v <= %v",
@@ -350,11 +334,10 @@ func (c *config) validateModes(v *violations) {
 	v.addf(c.HealthCheck == checkReadyz && c.HealthCheckCAFile == "", "health-check-ca-file", "is required with %s set to readyz", flagRef("health-check"))
 	v.addf((c.HealthCheckCertFile == "") != (c.HealthCheckKeyFile == ""), "health-check-cert-file", "and %s must be set together: got cert %q, key %q",
 		flagRef("health-check-key-file"), c.HealthCheckCertFile, c.HealthCheckKeyFile)
-	name := c.HealthCheckServerName
-	v.addf(!validHost(name), "health-check-server-name", "must be an IP address or RFC 1123 hostname: got %q", name)
+	v.addf(!validHost(c.HealthCheckServerName), "health-check-server-name", hostRule, c.HealthCheckServerName)
 	// A zone names a local interface; certificates know nothing of it.
-	a, err := netip.ParseAddr(name)
-	v.addf(err == nil && a.Zone() != "", "health-check-server-name", "must not have an IPv6 zone: got %q", name)
+	a, err := netip.ParseAddr(c.HealthCheckServerName)
+	v.addf(err == nil && a.Zone() != "", "health-check-server-name", "must not have an IPv6 zone: got %q", c.HealthCheckServerName)
 }
 
 // normalizeEndpoints checks the --endpoints entries and returns them
@@ -428,11 +411,10 @@ func splitEndpoint(s string) (host string, port uint64, err error) {
 // quoteShort quotes s for a message, cut to its first 64 bytes, so that a
 // huge bad value from a file or a variable does not make a huge log line.
 func quoteShort(s string) string {
-	const limit = 64
-	if len(s) <= limit {
-		return strconv.Quote(s)
+	if short := cutText(s, 64); len(short) < len(s) {
+		return strconv.Quote(short) + "..."
 	}
-	return strconv.Quote(cutText(s, limit)) + "..."
+	return strconv.Quote(s)
 }
 
 // cutText returns s cut to at most n bytes, at a character boundary.

@@ -49,7 +49,6 @@ func nameLevel(groups []string, a slog.Attr) slog.Attr {
 		if text := err.Error(); len(text) > maxLogError {
 			return slog.String(a.Key, cutText(text, maxLogError)+"...")
 		}
-		return a
 	}
 	if level, ok := a.Value.Any().(slog.Level); ok && len(groups) == 0 && a.Key == slog.LevelKey {
 		for name, l := range logLevels() {
@@ -65,20 +64,16 @@ func nameLevel(groups []string, a slog.Attr) slog.Attr {
 // of each record without blocking, dropping and counting it when the queue
 // is full; run, the one writer, writes the queue to out in order.
 type logSink struct {
-	out     io.Writer
-	notice  *slog.Logger // the drop warning, straight to out, at warn whatever --log-level says
-	records chan []byte
-	dropped atomic.Int64 // since the last warning
-	stop    chan struct{}
-	done    chan struct{} // closed when run returns
+	out        io.Writer
+	notice     *slog.Logger // the drop warning, straight to out, at warn whatever --log-level says
+	records    chan []byte
+	dropped    atomic.Int64  // since the last warning
+	stop, done chan struct{} // done is closed when run returns
 }
 
 func newLogSink(out io.Writer) *logSink {
-	return &logSink{
-		out: out, notice: newLogger(slog.LevelWarn, out),
-		records: make(chan []byte, logQueueRecords),
-		stop:    make(chan struct{}), done: make(chan struct{}),
-	}
+	return &logSink{out: out, notice: newLogger(slog.LevelWarn, out), records: make(chan []byte, logQueueRecords),
+		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // Write queues a copy of p (slog reuses its buffer). It reports success
@@ -102,14 +97,11 @@ func (s *logSink) run() {
 		case r := <-s.records:
 			s.write(r)
 		case <-s.stop:
-			for {
-				select {
-				case r := <-s.records:
-					s.write(r)
-				default:
-					return
-				}
+			// run is the only reader: a record counted is there to take.
+			for len(s.records) > 0 {
+				s.write(<-s.records)
 			}
+			return
 		}
 	}
 }

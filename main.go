@@ -131,8 +131,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	if err := checkReadyzCA(cfg); err != nil {
-		return err
+	// Readyz probes need their CA from the first probe, unlike a credential,
+	// which may appear later: an unreadable one fails start-up. Probes still
+	// re-read it, so it can rotate.
+	if cfg.HealthCheck == checkReadyz {
+		if _, err := (&readyzProbe{caFile: cfg.HealthCheckCAFile}).tlsConfig(); err != nil {
+			return fmt.Errorf("%s: %w", flagRef("health-check-ca-file"), err)
+		}
 	}
 	level, _ := parseLogLevel(cfg.LogLevel) // validated
 	log, closeLog := startLogging(level, stderr)
@@ -150,9 +155,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	d := newDaemon(cfg, log, lbLn.Addr().String())
-	d.hangups = hangups
-	return d.run(ctx, lbLn, healthLn)
+	return newDaemon(cfg, log, lbLn.Addr().String(), hangups).run(ctx, lbLn, healthLn)
 }
 
 // listen opens the proxy's and the health server's listeners, so that a
@@ -170,19 +173,6 @@ func listen(ctx context.Context, cfg *config) (lb, health net.Listener, err erro
 	return lb, health, nil
 }
 
-// checkReadyzCA fails start-up when readyz probes are on and their CA is
-// unreadable: unlike a credential, which may appear later, the CA is needed
-// from the first probe. Probes still re-read it, so it can rotate.
-func checkReadyzCA(cfg *config) error {
-	if cfg.HealthCheck != checkReadyz {
-		return nil
-	}
-	if _, err := (&readyzProbe{caFile: cfg.HealthCheckCAFile}).tlsConfig(); err != nil {
-		return fmt.Errorf("--health-check-ca-file (EP_HEALTH_CHECK_CA_FILE): %w", err)
-	}
-	return nil
-}
-
 // daemon wires the parts together; run owns every goroutine it starts.
 type daemon struct {
 	cfg       *config
@@ -198,7 +188,7 @@ type daemon struct {
 	hangups   <-chan os.Signal
 }
 
-func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
+func newDaemon(cfg *config, log *slog.Logger, lbAddr string, hangups <-chan os.Signal) *daemon {
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
 	var sel selector = randomSelector{}
@@ -216,7 +206,7 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string) *daemon {
 		interval: cfg.HealthInterval, timeout: cfg.HealthTimeout, drainTimeout: cfg.DrainTimeout,
 		quickRecheck: quickRecheck, sweep: true, readyz: cfg.HealthCheck == checkReadyz,
 	}, check, sel)
-	d := &daemon{cfg: cfg, log: log, reg: reg, pool: pl, heartbeat: newHeartbeat(cfg.LivenessThreshold), listen: lbAddr}
+	d := &daemon{cfg: cfg, log: log, reg: reg, pool: pl, heartbeat: newHeartbeat(cfg.LivenessThreshold), listen: lbAddr, hangups: hangups}
 	limit, limitBy := maxConnections(openFilesLimit(), memoryLimit())
 	d.proxy, d.limitBy = newProxy(log.With("component", "proxy"), m, pl, cfg.HealthTimeout, limit), limitBy
 	d.discovery = d.newDiscovery(m)

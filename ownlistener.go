@@ -17,20 +17,12 @@ import (
 // checkOwnListener refuses --endpoints entries that are the proxy's own
 // listener, when --bind-address is an IP address or localhost.
 func (c *config) checkOwnListener() error {
-	var listens []string
-	port := strconv.Itoa(c.BindPort)
-	if isLocalhost(c.BindAddress) {
-		listens = []string{net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port)}
-	} else if _, err := netip.ParseAddr(c.BindAddress); err == nil {
-		listens = []string{net.JoinHostPort(c.BindAddress, port)}
+	port, ips := strconv.Itoa(c.BindPort), hostAddrs(c.BindAddress)
+	listens := make([]string, len(ips))
+	for i, ip := range ips {
+		listens[i] = net.JoinHostPort(ip.String(), port)
 	}
-	local := localAddrs()
-	var own []string
-	for _, e := range c.Endpoints {
-		if slices.ContainsFunc(listens, func(l string) bool { return ownListener(e, l, local) }) {
-			own = append(own, e)
-		}
-	}
+	_, own := splitOwn(c.Endpoints, listens, localAddrs())
 	if len(own) == 0 {
 		return nil
 	}
@@ -41,19 +33,25 @@ func (c *config) checkOwnListener() error {
 // withoutOwnListener returns eps without the endpoints that are the
 // listener at listen, warning of them.
 func withoutOwnListener(eps []string, listen string, log *slog.Logger) []string {
-	local := localAddrs() // read each time: the node may have gained one
-	var dropped []string
-	kept := slices.DeleteFunc(slices.Clone(eps), func(e string) bool {
-		own := ownListener(e, listen, local)
-		if own {
-			dropped = append(dropped, e)
-		}
-		return own
-	})
+	// The node's addresses are read each time: it may have gained one.
+	kept, dropped := splitOwn(eps, []string{listen}, localAddrs())
 	if len(dropped) > 0 {
 		log.Warn("ignoring endpoints that are this proxy's own listener", "endpoints", dropped, "listen", listen)
 	}
 	return kept
+}
+
+// splitOwn splits eps into those that reach none of the listeners at
+// listens and those that reach one, keeping their order.
+func splitOwn(eps, listens []string, local []netip.Addr) (kept, own []string) {
+	for _, e := range eps {
+		if slices.ContainsFunc(listens, func(l string) bool { return ownListener(e, l, local) }) {
+			own = append(own, e)
+		} else {
+			kept = append(kept, e)
+		}
+	}
+	return kept, own
 }
 
 // ownListener reports whether dialling endpoint reaches the listener at
@@ -69,13 +67,7 @@ func ownListener(endpoint, listen string, local []netip.Addr) bool {
 	if err != nil || port != strconv.Itoa(int(l.Port())) {
 		return false
 	}
-	var ips []netip.Addr
-	if isLocalhost(host) {
-		ips = []netip.Addr{netip.IPv6Loopback(), netip.AddrFrom4([4]byte{127, 0, 0, 1})}
-	} else if ip, err := netip.ParseAddr(host); err == nil {
-		ips = []netip.Addr{ip.Unmap()}
-	}
-	return slices.ContainsFunc(ips, func(ip netip.Addr) bool { return reaches(ip, l.Addr().Unmap(), local) })
+	return slices.ContainsFunc(hostAddrs(host), func(ip netip.Addr) bool { return reaches(ip, l.Addr().Unmap(), local) })
 }
 
 // reaches reports whether a connection to ip reaches a listener on listen,
@@ -106,7 +98,16 @@ func localAddrs() []netip.Addr {
 	return ips
 }
 
-// isLocalhost reports whether host names localhost, fully qualified or not.
-func isLocalhost(host string) bool {
-	return strings.EqualFold(strings.TrimSuffix(host, "."), "localhost")
+// hostAddrs returns the addresses a dial to host reaches: both loopback
+// addresses for localhost, fully qualified or not, the address itself
+// (unmapped) for an IP address, and none for another name, which is not
+// resolved.
+func hostAddrs(host string) []netip.Addr {
+	if strings.EqualFold(strings.TrimSuffix(host, "."), "localhost") {
+		return []netip.Addr{netip.IPv6Loopback(), netip.AddrFrom4([4]byte{127, 0, 0, 1})}
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return []netip.Addr{ip.Unmap()}
+	}
+	return nil
 }
