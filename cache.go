@@ -40,9 +40,17 @@ const cacheVersion = 1
 
 // load reads and validates the cache. A missing file is not an error.
 func (c *endpointCache) load() ([]string, error) {
-	b, err := readAtMost(c.path, maxCacheBytes)
+	file, err := os.Open(c.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
+	}
+	var b []byte
+	if err == nil {
+		defer file.Close()
+		b, err = io.ReadAll(io.LimitReader(file, maxCacheBytes+1))
+	}
+	if err == nil && len(b) > maxCacheBytes {
+		err = fmt.Errorf("%s is larger than %d bytes", c.path, maxCacheBytes)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read endpoint cache: %w", err)
@@ -68,20 +76,6 @@ func (c *endpointCache) load() ([]string, error) {
 // maxCacheBytes bounds the endpoint cache file: maxDiscoveredEndpoints
 // entries take a few KiB.
 const maxCacheBytes = 64 << 10
-
-// readAtMost reads the file at path, failing if it is larger than limit.
-func readAtMost(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path) //nolint:gosec // the operator names this file
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err == nil && int64(len(b)) > limit {
-		err = fmt.Errorf("%s is larger than %d bytes", path, limit)
-	}
-	return b, err
-}
 
 // cachedEndpoint checks one endpoint read from the cache and returns it
 // normalized. The cache holds only what discovery found, so anything

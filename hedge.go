@@ -22,11 +22,9 @@ import (
 // preferred group.
 func hedgeDelay(groups [][]*upstream) time.Duration {
 	var slowest time.Duration
-	if len(groups) > 0 {
-		for _, u := range groups[0] {
-			if u.hasRTT {
-				slowest = max(slowest, u.rtt)
-			}
+	for _, g := range groups[:min(len(groups), 1)] { // the preferred group
+		for _, u := range g {
+			slowest = max(slowest, u.rtt) // 0 without a sample
 		}
 	}
 	if slowest == 0 {

@@ -6,8 +6,6 @@ package main
 // connection on the node. At the bound, new clients wait in the listen
 // backlog (the proxy takes a slot before it accepts).
 
-import "log/slog"
-
 const (
 	// fdsPerConn is what one proxied connection holds: its two sockets and,
 	// for each direction waiting for bytes, the splice pipe (two
@@ -53,18 +51,4 @@ func maxConnections(nofile, memory uint64) (int, string) {
 		return byMemory, limitByMemory
 	}
 	return byFiles, limitByFiles
-}
-
-// warnFewConnections warns when the bound leaves room for few proxied
-// connections: past them, clients wait in the listen backlog.
-func warnFewConnections(log *slog.Logger, limit int, limitBy string) {
-	switch {
-	case limit >= fewConnections:
-	case limitBy == limitByMemory:
-		log.Warn("the memory limit allows few proxied connections; raise it (the container's memory limit)",
-			"max_connections", limit, "bytes_per_connection", memPerConn, "reserved_bytes", memReserve)
-	default:
-		log.Warn("the open-files limit allows few proxied connections; raise it (ulimit -n, LimitNOFILE)",
-			"max_connections", limit, "descriptors_per_connection", fdsPerConn, "reserved_descriptors", fdReserve)
-	}
 }

@@ -80,10 +80,9 @@ func lowerLimit(a, b uint64) uint64 {
 // bytes, which v1 sets near 2^63 for no limit. 0 means none, or a file
 // that cannot be read.
 func readMemoryLimit(path string) uint64 {
-	b, err := os.ReadFile(path) //nolint:gosec // a cgroup file under the cgroup root
-	if err != nil {
-		return 0
-	}
+	// A file that cannot be read is as good as no limit: its empty
+	// contents do not parse.
+	b, _ := os.ReadFile(path) //nolint:gosec // a cgroup file under the cgroup root
 	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	if err != nil || v >= 1<<62 {
 		return 0

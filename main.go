@@ -9,11 +9,10 @@
 //	extractedprism check [flags]     validate as a start would, bind nothing
 //	extractedprism status [--json]   the upstreams of the daemon on this node
 //
-// Every flag has an EP_* variable (--bind-port is EP_BIND_PORT); a flag on
-// the command line wins over its variable, which wins over the default.
-// --help lists them. Invalid values stop the program before it listens,
-// each named by flag and variable; a setting with no effect in the
-// configuration given is a warning.
+// Every flag has an EP_* variable (--bind-port is EP_BIND_PORT); a flag
+// wins over its variable, which wins over the default; --help lists them.
+// Invalid values stop the program before it listens, each named by flag
+// and variable; a setting without effect is a warning.
 //
 // # Reading order
 //
@@ -25,8 +24,9 @@
 // this file, which wires them. Each feature beyond the spec has a file of
 // its own: hedge.go (retries, last resort, hedged dials), sweep.go (the
 // dead-connection sweep), limits.go (the connection bound), cache.go (the
-// endpoint cache), ownlistener.go, status.go (/upstreams and status),
-// check.go, log.go (logging that never blocks) and sockopt_linux.go.
+// endpoint cache), healthlimits.go (the health server under abuse),
+// ownlistener.go, status.go, check.go, version.go, log.go (logging that
+// never blocks) and sockopt_linux.go.
 //
 // # Data path
 //
@@ -53,10 +53,9 @@
 //
 // # Health server
 //
-// On --health-bind-address:--health-port: /healthz (503 once the run loop
-// and the accept loop have not beaten for --liveness-threshold), /readyz
-// (200 while an upstream is healthy and not draining), /metrics and
-// /upstreams. GET and HEAD only; at most healthMaxConns connections.
+// On --health-bind-address:--health-port: /healthz (503 once the run and
+// accept loops have not beaten for --liveness-threshold), /readyz (200 while
+// an upstream is healthy and not draining), /metrics and /upstreams.
 //
 // # Metrics
 //
@@ -75,10 +74,10 @@
 //
 // SIGINT or SIGTERM stops discovery, closes the listener, force-closes the
 // proxied connections and waits up to 5 s for their goroutines, and gives
-// the health server 5 s; an endpoint cache write gets 5 s and log lines 2 s
-// more. The exit status is 0, or 1 if something outlasted its time or the
-// health server had failed. A second signal ends the process at once.
-// SIGHUP is logged and ignored: nothing is reloaded.
+// the health server 5 s, an endpoint cache write 5 s and log lines 2 s more.
+// The exit status is 0, or 1 if something outlasted its time or the health
+// server had failed. A second signal ends the process at once; SIGHUP is
+// logged and ignored, as nothing is reloaded.
 package main
 
 import (
@@ -223,8 +222,11 @@ func (d *daemon) newDiscovery(m *metrics) *mergedProvider {
 	if !d.cfg.EnableDiscovery {
 		return newMergedProvider(log, m, d.cfg.Endpoints, nil)
 	}
+	// The listener's address, from Addr: a wildcard one is dialled on the
+	// loopback of its family.
+	host, port, _ := net.SplitHostPort(d.listen)
 	kp, err := newKubernetesProvider(kubeProviderConfig{
-		LocalAddr: dialableAddr(d.listen), Kubeconfig: d.cfg.Kubeconfig, ServerName: "kubernetes.default.svc",
+		LocalAddr: net.JoinHostPort(dialableHost(host), port), Kubeconfig: d.cfg.Kubeconfig, ServerName: "kubernetes.default.svc",
 	}, log.With("provider", kubeProviderName), m)
 	if err != nil {
 		// Asked for but off: the metrics say so from the first scrape
@@ -243,16 +245,6 @@ func (d *daemon) newDiscovery(m *metrics) *mergedProvider {
 		cached = d.cache.loadCache()
 	}
 	return newMergedProvider(log, m, d.cfg.Endpoints, cached, kp)
-}
-
-// dialableAddr turns a wildcard listen address into a loopback one the
-// discovery client can dial.
-func dialableAddr(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
-	}
-	return net.JoinHostPort(dialableHost(host), port)
 }
 
 func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
@@ -304,7 +296,15 @@ func (d *daemon) logStart(listen, health string) {
 	limit := cap(d.proxy.slots)
 	d.log.Info("starting", "version", versionLine(), "listen", listen, "health", health, "endpoints", d.cfg.Endpoints,
 		"max_connections", limit, "limited_by", d.limitBy)
-	warnFewConnections(d.log, limit, d.limitBy)
+	switch {
+	case limit >= fewConnections:
+	case d.limitBy == limitByMemory:
+		d.log.Warn("the memory limit allows few proxied connections; raise it (the container's memory limit)",
+			"max_connections", limit, "bytes_per_connection", memPerConn, "reserved_bytes", memReserve)
+	default:
+		d.log.Warn("the open-files limit allows few proxied connections; raise it (ulimit -n, LimitNOFILE)",
+			"max_connections", limit, "descriptors_per_connection", fdsPerConn, "reserved_descriptors", fdReserve)
+	}
 }
 
 // loop is the run loop: it applies endpoint lists to the pool and beats the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -123,7 +124,7 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 			continue
 		case ctx.Err() != nil || errors.Is(err, net.ErrClosed):
 			return
-		case backoff != 0 && isTimeout(err):
+		case backoff != 0 && errors.Is(err, os.ErrDeadlineExceeded):
 			// Accept waited instead of failing: it works again, even
 			// though no client has arrived to prove it.
 			backoff = p.acceptRecovered(ln)
@@ -184,11 +185,6 @@ func setAcceptDeadline(ln net.Listener, t time.Time) {
 	if dl, ok := ln.(interface{ SetDeadline(t time.Time) error }); ok {
 		_ = dl.SetDeadline(t)
 	}
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // acceptStalledFor reports how long Accept has been failing (0 if it works).
@@ -279,7 +275,11 @@ func (p *proxy) copyBoth(pc *proxyConn) {
 	p.noteDead(pc, first.err)
 	switch {
 	case first.err == nil:
-		closeWrite(first.dst)
+		// A clean end passes on as a half-close. A failure is ignored: the
+		// socket is broken, and the copy reading it will say so.
+		if cw, ok := first.dst.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
 	case connBroken(first.dst) && !connBroken(first.src):
 		select {
 		case second := <-results:
@@ -334,15 +334,6 @@ func tearDown(pc *proxyConn) {
 			_ = tc.SetLinger(0) // the close sends a reset
 		}
 		_ = c.Close()
-	}
-}
-
-// closeWrite half-closes c, passing on the end of the other stream. A
-// failure is ignored: the socket is broken, and the copy reading it will
-// say so.
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
 	}
 }
 

@@ -50,9 +50,10 @@ func tcpInfo(c net.Conn) (*unix.TCPInfo, bool) {
 	if err != nil {
 		return nil, false
 	}
-	var ti *unix.TCPInfo // stays nil if Control fails, as it then runs nothing
-	err = rc.Control(func(fd uintptr) { ti, _ = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
-	return ti, err == nil
+	var ti *unix.TCPInfo
+	var gerr error // a Control that fails runs nothing and leaves it nil
+	err = rc.Control(func(fd uintptr) { ti, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+	return ti, err == nil && gerr == nil
 }
 
 // connBroken reports whether c's connection is over: reset or timed out by

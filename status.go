@@ -127,7 +127,21 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		}
 		return err
 	}
-	body, err := fetchUpstreams(ctx, *addr)
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+"/upstreams", nil)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status: %s answered %s", *addr, resp.Status)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
@@ -140,25 +154,6 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 		return fmt.Errorf("status: %s/upstreams: %w", *addr, err)
 	}
 	return writeUpstreamTable(stdout, st)
-}
-
-// fetchUpstreams returns the /upstreams document of the daemon at addr.
-func fetchUpstreams(ctx context.Context, addr string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/upstreams", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s answered %s", addr, resp.Status)
-	}
-	return io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 }
 
 func defaultHealthAddress(getenv func(string) string) string {
