@@ -17,13 +17,17 @@ const (
 	// working while clients hold every other descriptor.
 	fdReserve = 256
 
-	// memPerConn is what the memory bound counts per connection: several
-	// times what an idle one takes of the process's memory and of the
-	// cgroup's socket memory, leaving room for connections moving bytes;
-	// memReserve is kept for the rest of the daemon, which idles at about
-	// 16 MiB. The bound is never below fewConnections: a memory limit that
-	// small still runs an idle daemon, whose node agents need a few dozen.
-	memPerConn = 32 << 10
+	// memPerConn is what the memory bound counts per connection, all of it
+	// charged to the cgroup: an idle one takes about 17 KiB of the process's
+	// memory (three goroutine stacks and their state) and about 44 KiB of
+	// the kernel's, two sockets and the rings of the two splice pipes, which
+	// Go sizes for 1 MiB. The pipes of closed connections wait in Go's pool
+	// for the next ones until the garbage collector closes them, so memory
+	// and descriptors follow the peak, which this bound caps. memReserve is
+	// kept for the rest of the daemon, which idles at about 17 MiB. The
+	// bound is never below fewConnections: a memory limit that small still
+	// runs an idle daemon, whose node agents need a few dozen.
+	memPerConn = 64 << 10
 	memReserve = 24 << 20
 
 	// fewConnections is the bound below which start-up warns.
