@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -58,22 +56,7 @@ func TestClientsBeyondTheBoundWaitInTheBacklog(t *testing.T) {
 	const bound = 2
 	px := newProxy(log, m, pl, 2*time.Second, bound)
 	pl.update([]string{up.addr})
-	ln, err := listenTCP(context.Background(), "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { px.serve(ctx, ln) })
-	t.Cleanup(func() {
-		cancel()
-		wg.Wait()
-		if err := px.shutdown(); err != nil {
-			t.Error(err)
-		}
-		pl.close()
-	})
-	addr := ln.Addr().String()
+	addr := serveTestProxy(t, px, pl)
 	var held []*net.TCPConn
 	for i := range bound {
 		c := dialProxy(t, addr)

@@ -159,6 +159,13 @@ func startProxyCheck(t testing.TB, cfg poolConfig, check checkFunc, wrap func(di
 		px.dial = wrap(px.dial)
 	}
 	pl.update(endpoints)
+	return &testProxy{proxy: px, addr: serveTestProxy(t, px, pl), reg: reg, m: m}
+}
+
+// serveTestProxy serves px on a new listener until the test ends, and then
+// shuts px and its pool pl down; it returns the listener's address.
+func serveTestProxy(t testing.TB, px *proxy, pl *pool) string {
+	t.Helper()
 	ln, err := listenTCP(context.Background(), "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +181,7 @@ func startProxyCheck(t testing.TB, cfg poolConfig, check checkFunc, wrap func(di
 		}
 		pl.close()
 	})
-	return &testProxy{proxy: px, addr: ln.Addr().String(), reg: reg, m: m}
+	return ln.Addr().String()
 }
 
 func dialProxy(t *testing.T, addr string) *net.TCPConn {
