@@ -67,126 +67,87 @@ func sliceCache(list ...*discoveryv1.EndpointSlice) map[string]*discoveryv1.Endp
 	return cache
 }
 
+// withType and withPorts set the address type or the ports of s.
+func withType(s *discoveryv1.EndpointSlice, t discoveryv1.AddressType) *discoveryv1.EndpointSlice {
+	s.AddressType = t
+	return s
+}
+
+func withPorts(s *discoveryv1.EndpointSlice, ports ...discoveryv1.EndpointPort) *discoveryv1.EndpointSlice {
+	s.Ports = ports
+	return s
+}
+
+// endpointsOf keeps only addresses that can be an API server: not the
+// unspecified, link-local or multicast ones, which kube-apiserver itself
+// mostly refuses in an EndpointSlice (an older or relaxed server, or the
+// cache, could still hand them over), nor broadcast or zoned ones. What it
+// leaves out, but for what is not an IP at all, is reported with the
+// reason. Loopback passes: the daemon drops only its own listener.
 func TestEndpointsOf(t *testing.T) {
+	port := func(name string, p int32) discoveryv1.EndpointPort {
+		return discoveryv1.EndpointPort{Name: &name, Port: &p}
+	}
 	tests := []struct {
-		name   string
-		slices []*discoveryv1.EndpointSlice
-		want   []string
+		name     string
+		slices   []*discoveryv1.EndpointSlice
+		want     []string
+		rejected []string
 	}{
-		{
-			name:   "no slices",
-			slices: nil,
-			want:   []string{},
-		},
-		{
-			name:   "nil ready is included, sorted",
-			slices: []*discoveryv1.EndpointSlice{kubeSlice("a", "1", "10.0.0.2", "10.0.0.1")},
-			want:   []string{"10.0.0.1:6443", "10.0.0.2:6443"},
-		},
-		{
-			name: "ready false is excluded, ready true included",
-			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
-				s := kubeSlice("a", "1")
-				s.Endpoints = []discoveryv1.Endpoint{
-					endpoint(new(false), "10.0.0.1"),
-					endpoint(new(true), "10.0.0.2"),
-				}
-				return s
-			}()},
-			want: []string{"10.0.0.2:6443"},
-		},
-		{
-			name: "multiple slices merge, duplicates across slices removed",
-			slices: []*discoveryv1.EndpointSlice{
-				kubeSlice("a", "1", "10.0.0.1", "10.0.0.2"),
-				kubeSlice("b", "1", "10.0.0.2", "10.0.0.3"),
-			},
-			want: []string{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443"},
-		},
-		{
-			name: "IPv6 addresses are bracketed and canonical",
-			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
-				s := kubeSlice("v6", "1", "fd00:0:0::1", "fd00::2")
-				s.AddressType = discoveryv1.AddressTypeIPv6
-				return s
-			}()},
-			want: []string{"[fd00::1]:6443", "[fd00::2]:6443"},
-		},
-		{
-			name: "FQDN slices are ignored",
-			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
-				s := kubeSlice("fqdn", "1", "api.example.com")
-				s.AddressType = discoveryv1.AddressTypeFQDN
-				return s
-			}()},
-			want: []string{},
-		},
-		{
-			name: "each slice uses its own port",
-			slices: []*discoveryv1.EndpointSlice{
-				kubeSlice("a", "1", "10.0.0.1"),
-				func() *discoveryv1.EndpointSlice {
-					s := kubeSlice("b", "1", "10.0.0.2")
-					s.Ports = []discoveryv1.EndpointPort{httpsPort(8443)}
-					return s
-				}(),
-			},
-			want: []string{"10.0.0.1:6443", "10.0.0.2:8443"},
-		},
-		{
-			name: "the port named https is chosen among several",
-			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
-				s := kubeSlice("a", "1", "10.0.0.1")
-				s.Ports = []discoveryv1.EndpointPort{
-					{Name: new("metrics"), Port: new(int32(9000))},
-					httpsPort(6443),
-				}
-				return s
-			}()},
-			want: []string{"10.0.0.1:6443"},
-		},
-		{
-			name: "a single unnamed port is used",
-			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
-				s := kubeSlice("a", "1", "10.0.0.1")
-				s.Ports = []discoveryv1.EndpointPort{{Port: new(int32(443))}}
-				return s
-			}()},
-			want: []string{"10.0.0.1:443"},
-		},
-		{
-			name: "a slice without an https port contributes nothing",
-			slices: []*discoveryv1.EndpointSlice{
-				kubeSlice("a", "1", "10.0.0.1"),
-				func() *discoveryv1.EndpointSlice {
-					s := kubeSlice("b", "1", "10.0.0.2")
-					s.Ports = []discoveryv1.EndpointPort{
-						{Name: new("http"), Port: new(int32(80))},
-						{Name: new("metrics"), Port: new(int32(9000))},
-					}
-					return s
-				}(),
-				func() *discoveryv1.EndpointSlice {
-					s := kubeSlice("c", "1", "10.0.0.3")
-					s.Ports = nil
-					return s
-				}(),
-			},
-			want: []string{"10.0.0.1:6443"},
-		},
-		{
-			name: "addresses that are not IPs are skipped",
-			slices: []*discoveryv1.EndpointSlice{
-				kubeSlice("a", "1", "10.0.0.1", "not-an-ip"),
-			},
-			want: []string{"10.0.0.1:6443"},
-		},
+		{"no slices", nil, []string{}, nil},
+		{"nil ready is included, sorted", []*discoveryv1.EndpointSlice{kubeSlice("a", "1", "10.0.0.2", "10.0.0.1")},
+			[]string{"10.0.0.1:6443", "10.0.0.2:6443"}, nil},
+		{"ready false is excluded, ready true included", []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
+			s := kubeSlice("a", "1")
+			s.Endpoints = []discoveryv1.Endpoint{endpoint(new(false), "10.0.0.1"), endpoint(new(true), "10.0.0.2")}
+			return s
+		}()}, []string{"10.0.0.2:6443"}, nil},
+		{"multiple slices merge, duplicates across slices removed",
+			[]*discoveryv1.EndpointSlice{kubeSlice("a", "1", "10.0.0.1", "10.0.0.2"), kubeSlice("b", "1", "10.0.0.2", "10.0.0.3")},
+			[]string{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443"}, nil},
+		{"IPv6 addresses are bracketed and canonical",
+			[]*discoveryv1.EndpointSlice{withType(kubeSlice("v6", "1", "fd00:0:0::1", "fd00::2"), discoveryv1.AddressTypeIPv6)},
+			[]string{"[fd00::1]:6443", "[fd00::2]:6443"}, nil},
+		{"FQDN slices are left out",
+			[]*discoveryv1.EndpointSlice{withType(kubeSlice("by-name", "1", "api.example.com"), discoveryv1.AddressTypeFQDN)},
+			[]string{}, []string{`slice "by-name" (address type "FQDN")`}},
+		{"each slice uses its own port",
+			[]*discoveryv1.EndpointSlice{kubeSlice("a", "1", "10.0.0.1"), withPorts(kubeSlice("b", "1", "10.0.0.2"), httpsPort(8443))},
+			[]string{"10.0.0.1:6443", "10.0.0.2:8443"}, nil},
+		{"the port named https is chosen among several",
+			[]*discoveryv1.EndpointSlice{withPorts(kubeSlice("a", "1", "10.0.0.1"), port("metrics", 9000), httpsPort(6443))},
+			[]string{"10.0.0.1:6443"}, nil},
+		{"a single unnamed port is used",
+			[]*discoveryv1.EndpointSlice{withPorts(kubeSlice("a", "1", "10.0.0.1"), discoveryv1.EndpointPort{Port: new(int32(443))})},
+			[]string{"10.0.0.1:443"}, nil},
+		{"a slice without an https port is left out", []*discoveryv1.EndpointSlice{
+			kubeSlice("a", "1", "10.0.0.1"),
+			withPorts(kubeSlice("b", "1", "10.0.0.2"), port("api", 6443), port("metrics", 9000)),
+			withPorts(kubeSlice("c", "1", "10.0.0.3")),
+		}, []string{"10.0.0.1:6443"}, []string{
+			`slice "b" (no usable port: none named https, nor a single one)`,
+			`slice "c" (no usable port: none named https, nor a single one)`,
+		}},
+		{"addresses that are not IPs are skipped", []*discoveryv1.EndpointSlice{kubeSlice("a", "1", "10.0.0.1", "not-an-ip")},
+			[]string{"10.0.0.1:6443"}, nil},
+		{"unusable addresses are left out", []*discoveryv1.EndpointSlice{
+			kubeSlice("v4", "1", "10.0.0.1", "127.0.0.1", "0.0.0.0", "169.254.169.254", "224.0.0.1",
+				"239.1.1.1", "255.255.255.255", "::ffff:0.0.0.0"),
+			withType(kubeSlice("v6", "1", "fd00::1", "::", "::1", "fe80::1%eth0", "ff02::1", "fd00::2%eth0"), discoveryv1.AddressTypeIPv6),
+		}, []string{"10.0.0.1:6443", "127.0.0.1:6443", "[::1]:6443", "[fd00::1]:6443"}, []string{
+			"0.0.0.0:6443 (unspecified address)",
+			"169.254.169.254:6443 (link-local address)", "224.0.0.1:6443 (multicast address)",
+			"239.1.1.1:6443 (multicast address)", "255.255.255.255:6443 (broadcast address)",
+			"[::]:6443 (unspecified address)",
+			"[fd00::2%eth0]:6443 (address with an IPv6 zone)", "[fe80::1%eth0]:6443 (link-local address)",
+			"[ff02::1]:6443 (multicast address)",
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, _ := endpointsOf(sliceCache(tc.slices...))
-			if got == nil || !slices.Equal(got, tc.want) {
-				t.Errorf("got %#v; want %#v", got, tc.want)
+			got, rejected := endpointsOf(sliceCache(tc.slices...))
+			if got == nil || !slices.Equal(got, tc.want) || !slices.Equal(rejected, tc.rejected) {
+				t.Errorf("got %#v, rejected %q; want %#v, %q", got, rejected, tc.want, tc.rejected)
 			}
 		})
 	}
@@ -221,31 +182,59 @@ func TestNextReconnectStep(t *testing.T) {
 
 // --- kubernetes provider harness ---
 
-// listCall and watchCall are List and Watch calls the provider made. The
-// reactor that received one blocks until the test replies, so the test knows
-// exactly when, in the bubble's fake time, each call happened.
-type listCall struct {
+// apiCall is a List (R listReply) or Watch (R watchReply) call the
+// provider made. The reactor that received one blocks until the test
+// replies, so the test knows exactly when, in the bubble's fake time, each
+// call happened.
+type apiCall[R any] struct {
 	at        time.Time
 	namespace string
 	opts      metav1.ListOptions
-	reply     chan listReply
+	reply     chan R
 }
+
+type (
+	listCall  = apiCall[listReply]
+	watchCall = apiCall[watchReply]
+)
 
 type listReply struct {
 	list *discoveryv1.EndpointSliceList
 	err  error
 }
 
-type watchCall struct {
-	at        time.Time
-	namespace string
-	opts      metav1.ListOptions
-	reply     chan watchReply
-}
-
 type watchReply struct {
 	watcher watch.Interface
 	err     error
+}
+
+// forward hands a call to the test on calls and returns its reply, or
+// ok false once the test is over.
+func forward[R any](calls chan apiCall[R], over chan struct{}, namespace string, opts metav1.ListOptions) (r R, ok bool) {
+	c := apiCall[R]{at: time.Now(), namespace: namespace, opts: opts, reply: make(chan R)}
+	select {
+	case calls <- c:
+	case <-over:
+		return r, false
+	}
+	select {
+	case r = <-c.reply:
+		return r, true
+	case <-over:
+		return r, false
+	}
+}
+
+// next waits for a call on calls.
+func next[R any](t *testing.T, calls chan apiCall[R], what string) apiCall[R] {
+	t.Helper()
+	select {
+	case c := <-calls:
+		return c
+	case <-time.After(time.Hour):
+		t.Fatalf("no %s call within an hour", what)
+		return apiCall[R]{}
+	}
 }
 
 var errTestOver = errors.New("test over")
@@ -273,45 +262,21 @@ func startKube(t *testing.T, jitter float64) *kubeHarness {
 	over := make(chan struct{})
 	client := fake.NewClientset()
 	client.PrependReactor("list", "endpointslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		call := listCall{
-			at:        time.Now(),
-			namespace: action.GetNamespace(),
-			opts:      action.(k8stesting.ListActionImpl).ListOptions,
-			reply:     make(chan listReply),
-		}
-		select {
-		case h.lists <- call:
-		case <-over:
+		r, ok := forward(h.lists, over, action.GetNamespace(), action.(k8stesting.ListActionImpl).ListOptions)
+		switch {
+		case !ok:
 			return true, nil, errTestOver
+		case r.list == nil:
+			return true, nil, r.err
 		}
-		select {
-		case r := <-call.reply:
-			if r.list == nil {
-				return true, nil, r.err
-			}
-			return true, r.list, r.err
-		case <-over:
-			return true, nil, errTestOver
-		}
+		return true, r.list, r.err
 	})
 	client.PrependWatchReactor("endpointslices", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		call := watchCall{
-			at:        time.Now(),
-			namespace: action.GetNamespace(),
-			opts:      action.(k8stesting.WatchActionImpl).ListOptions,
-			reply:     make(chan watchReply),
-		}
-		select {
-		case h.watches <- call:
-		case <-over:
+		r, ok := forward(h.watches, over, action.GetNamespace(), action.(k8stesting.WatchActionImpl).ListOptions)
+		if !ok {
 			return true, nil, errTestOver
 		}
-		select {
-		case r := <-call.reply:
-			return true, r.watcher, r.err
-		case <-over:
-			return true, nil, errTestOver
-		}
+		return true, r.watcher, r.err
 	})
 
 	w := newKubeWatcher(fakeSlices{client}, testLogger(t), h.m, func() float64 { return jitter })
@@ -328,27 +293,8 @@ func startKube(t *testing.T, jitter float64) *kubeHarness {
 	return h
 }
 
-func (h *kubeHarness) nextList() listCall {
-	h.t.Helper()
-	select {
-	case c := <-h.lists:
-		return c
-	case <-time.After(time.Hour):
-		h.t.Fatal("no List call within an hour")
-		return listCall{}
-	}
-}
-
-func (h *kubeHarness) nextWatch() watchCall {
-	h.t.Helper()
-	select {
-	case c := <-h.watches:
-		return c
-	case <-time.After(time.Hour):
-		h.t.Fatal("no Watch call within an hour")
-		return watchCall{}
-	}
-}
+func (h *kubeHarness) nextList() listCall   { return next(h.t, h.lists, "List") }
+func (h *kubeHarness) nextWatch() watchCall { return next(h.t, h.watches, "Watch") }
 
 // answerList waits for a List call and answers it with the slices.
 func (h *kubeHarness) answerList(resourceVersion string, items ...*discoveryv1.EndpointSlice) listCall {
@@ -519,81 +465,36 @@ func TestKubeReconnectRules(t *testing.T) {
 		wantThen       time.Duration // the delay after that Watch fails too
 		wantCounted    bool          // the outcome counts in discovery_errors_total
 	}{
-		{
-			name:     "clean close after 30s re-watches at once",
-			failures: 2, outcome: closeAfter, hold: 30 * time.Second,
-			wantDelay: 0, wantThen: time.Second, wantCounted: false,
-		},
-		{
-			name:     "clean close after 29s backs off",
-			failures: 0, outcome: closeAfter, hold: 29 * time.Second,
-			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: false,
-		},
-		{
-			name:     "clean close after 29s continues the backoff",
-			failures: 2, outcome: closeAfter, hold: 29 * time.Second,
-			wantDelay: 4 * time.Second, wantThen: 8 * time.Second, wantCounted: false,
-		},
-		{
-			name:     "connection lost after 30s re-watches at once",
-			failures: 2, outcome: brokeAfter, hold: 30 * time.Second,
-			wantDelay: 0, wantThen: time.Second, wantCounted: false,
-		},
-		{
-			name:     "connection lost after 29s backs off",
-			failures: 0, outcome: brokeAfter, hold: 29 * time.Second,
-			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: false,
-		},
-		{
-			name:     "undecodable event after 29s continues the backoff",
-			failures: 3, outcome: garbledAfter, hold: 29 * time.Second,
-			wantDelay: 8 * time.Second, wantThen: 16 * time.Second, wantCounted: true,
-		},
-		{
-			name:     "failed Watch call backs off",
-			failures: 0, outcome: callError,
-			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: true,
-		},
-		{
-			name:     "error event after 30s restarts the backoff at 1s",
-			failures: 3, outcome: errorAfter, hold: 30 * time.Second,
-			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: true,
-		},
-		{
-			name:     "error event after 29s continues the backoff",
-			failures: 3, outcome: errorAfter, hold: 29 * time.Second,
-			wantDelay: 8 * time.Second, wantThen: 16 * time.Second, wantCounted: true,
-		},
-		{
-			name:     "failed re-watch after a long clean close starts at 1s",
-			failures: 3, afterLongClose: true, outcome: callError,
-			wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: true,
-		},
-		{
-			name:     "410 ending a watch open 30s re-lists and re-watches at once",
-			failures: 3, outcome: goneAfter, hold: 30 * time.Second,
-			wantRelist: true, wantDelay: 0, wantThen: time.Second, wantCounted: false,
-		},
-		{
-			name:     "410 ending a watch open 29s re-lists then backs off",
-			failures: 2, outcome: goneAfter, hold: 29 * time.Second,
-			wantRelist: true, wantDelay: 4 * time.Second, wantThen: 8 * time.Second, wantCounted: false,
-		},
-		{
-			name:     "410 from the re-watch call after a long clean close re-watches at once",
-			failures: 2, afterLongClose: true, outcome: callGone,
-			wantRelist: true, wantDelay: 0, wantThen: time.Second, wantCounted: false,
-		},
-		{
-			name:     "410 event on the re-watch after a long clean close re-watches at once",
-			failures: 2, afterLongClose: true, outcome: goneAfter, hold: 5 * time.Second,
-			wantRelist: true, wantDelay: 0, wantThen: time.Second, wantCounted: false,
-		},
-		{
-			name:     "410 from a Watch call otherwise re-lists then backs off",
-			failures: 2, outcome: callGone,
-			wantRelist: true, wantDelay: 4 * time.Second, wantThen: 8 * time.Second, wantCounted: false,
-		},
+		{name: "clean close after 30s re-watches at once",
+			failures: 2, outcome: closeAfter, hold: 30 * time.Second, wantThen: time.Second},
+		{name: "clean close after 29s backs off",
+			outcome: closeAfter, hold: 29 * time.Second, wantDelay: time.Second, wantThen: 2 * time.Second},
+		{name: "clean close after 29s continues the backoff",
+			failures: 2, outcome: closeAfter, hold: 29 * time.Second, wantDelay: 4 * time.Second, wantThen: 8 * time.Second},
+		{name: "connection lost after 30s re-watches at once",
+			failures: 2, outcome: brokeAfter, hold: 30 * time.Second, wantThen: time.Second},
+		{name: "connection lost after 29s backs off",
+			outcome: brokeAfter, hold: 29 * time.Second, wantDelay: time.Second, wantThen: 2 * time.Second},
+		{name: "undecodable event after 29s continues the backoff",
+			failures: 3, outcome: garbledAfter, hold: 29 * time.Second, wantDelay: 8 * time.Second, wantThen: 16 * time.Second, wantCounted: true},
+		{name: "failed Watch call backs off",
+			outcome: callError, wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: true},
+		{name: "error event after 30s restarts the backoff at 1s",
+			failures: 3, outcome: errorAfter, hold: 30 * time.Second, wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: true},
+		{name: "error event after 29s continues the backoff",
+			failures: 3, outcome: errorAfter, hold: 29 * time.Second, wantDelay: 8 * time.Second, wantThen: 16 * time.Second, wantCounted: true},
+		{name: "failed re-watch after a long clean close starts at 1s",
+			failures: 3, afterLongClose: true, outcome: callError, wantDelay: time.Second, wantThen: 2 * time.Second, wantCounted: true},
+		{name: "410 ending a watch open 30s re-lists and re-watches at once",
+			failures: 3, outcome: goneAfter, hold: 30 * time.Second, wantRelist: true, wantThen: time.Second},
+		{name: "410 ending a watch open 29s re-lists then backs off",
+			failures: 2, outcome: goneAfter, hold: 29 * time.Second, wantRelist: true, wantDelay: 4 * time.Second, wantThen: 8 * time.Second},
+		{name: "410 from the re-watch call after a long clean close re-watches at once",
+			failures: 2, afterLongClose: true, outcome: callGone, wantRelist: true, wantThen: time.Second},
+		{name: "410 event on the re-watch after a long clean close re-watches at once",
+			failures: 2, afterLongClose: true, outcome: goneAfter, hold: 5 * time.Second, wantRelist: true, wantThen: time.Second},
+		{name: "410 from a Watch call otherwise re-lists then backs off",
+			failures: 2, outcome: callGone, wantRelist: true, wantDelay: 4 * time.Second, wantThen: 8 * time.Second},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -618,19 +519,12 @@ func TestKubeReconnectRules(t *testing.T) {
 				default:
 					fw, c := h.openWatch()
 					time.Sleep(tc.hold)
-					switch tc.outcome {
-					case closeAfter:
-						fw.Stop()
-					case errorAfter:
-						fw.Error(errorEvent)
-					case goneAfter:
-						fw.Error(goneEvent)
-					case brokeAfter:
-						fw.Error(brokenStreamEvent)
-					case garbledAfter:
-						fw.Error(garbledStreamEvent)
-					default:
-						t.Fatalf("unknown outcome %v", tc.outcome)
+					events := map[outcome]runtime.Object{errorAfter: errorEvent, goneAfter: goneEvent,
+						brokeAfter: brokenStreamEvent, garbledAfter: garbledStreamEvent}
+					if ev, ok := events[tc.outcome]; ok {
+						fw.Error(ev)
+					} else {
+						fw.Stop() // closeAfter
 					}
 					ended = c.at.Add(tc.hold)
 				}
@@ -745,20 +639,9 @@ func TestKubeWatchOptionsAndBookmarks(t *testing.T) {
 		h.expectOut("10.0.0.1:6443")
 
 		fw, c := h.openWatch()
-		if c.namespace != "default" {
-			t.Errorf("Watch namespace: got %q; want %q", c.namespace, "default")
-		}
-		if got, want := c.opts.LabelSelector, "kubernetes.io/service-name=kubernetes"; got != want {
-			t.Errorf("Watch LabelSelector: got %q; want %q", got, want)
-		}
-		if !c.opts.AllowWatchBookmarks {
-			t.Errorf("Watch AllowWatchBookmarks: got false; want true")
-		}
-		if c.opts.TimeoutSeconds == nil || *c.opts.TimeoutSeconds != 300 {
-			t.Errorf("Watch TimeoutSeconds: got %v; want 300", c.opts.TimeoutSeconds)
-		}
-		if got, want := c.opts.ResourceVersion, "10"; got != want {
-			t.Errorf("first Watch resourceVersion: got %q; want %q", got, want)
+		const selector = "kubernetes.io/service-name=kubernetes"
+		if c.namespace != "default" || c.opts.LabelSelector != selector || !c.opts.AllowWatchBookmarks || c.opts.ResourceVersion != "10" {
+			t.Errorf("first Watch: namespace %q, options %+v; want default, %s, bookmarks, resourceVersion 10", c.namespace, c.opts, selector)
 		}
 
 		fw.Action(watch.Bookmark, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "20"}})
@@ -907,20 +790,10 @@ func TestKubeRESTConfig(t *testing.T) {
 			if err != nil {
 				t.Fatalf("got %v; want nil", err)
 			}
-			if rc.Host != tc.wantHost {
-				t.Errorf("Host: got %q; want %q", rc.Host, tc.wantHost)
-			}
-			if rc.ServerName != tc.wantServerName {
-				t.Errorf("ServerName: got %q; want %q", rc.ServerName, tc.wantServerName)
-			}
-			if rc.BearerToken != tc.wantToken {
-				t.Errorf("BearerToken: got %q; want %q", rc.BearerToken, tc.wantToken)
-			}
-			if rc.BearerTokenFile != tc.wantTokenFile {
-				t.Errorf("BearerTokenFile: got %q; want %q", rc.BearerTokenFile, tc.wantTokenFile)
-			}
-			if rc.CAFile != tc.wantCAFile {
-				t.Errorf("CAFile: got %q; want %q", rc.CAFile, tc.wantCAFile)
+			// Host, ServerName, BearerToken, BearerTokenFile, CAFile.
+			got := []string{rc.Host, rc.ServerName, rc.BearerToken, rc.BearerTokenFile, rc.CAFile}
+			if want := []string{tc.wantHost, tc.wantServerName, tc.wantToken, tc.wantTokenFile, tc.wantCAFile}; !slices.Equal(got, want) {
+				t.Errorf("Host, ServerName, BearerToken, BearerTokenFile, CAFile: got %q; want %q", got, want)
 			}
 			req, _ := http.NewRequest(http.MethodGet, rc.Host, nil)
 			if u, err := rc.Proxy(req); u != nil || err != nil {
@@ -959,21 +832,6 @@ func TestKubeRESTConfigErrors(t *testing.T) {
 	}
 }
 
-func TestNewKubernetesProvider(t *testing.T) {
-	cfg := kubeProviderConfig{
-		LocalAddr:  "127.0.0.1:7445",
-		Kubeconfig: testKubeconfig(t, ""),
-		ServerName: "kubernetes.default.svc",
-	}
-	p, err := newKubernetesProvider(cfg, testLogger(t), newMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatalf("got %v; want nil", err)
-	}
-	if got := p.name(); got != "kubernetes" {
-		t.Errorf("name: got %q; want %q", got, "kubernetes")
-	}
-}
-
 // fakeSlices is the sliceClient over client-go's fake clientset.
 type fakeSlices struct{ c *fake.Clientset }
 
@@ -983,34 +841,6 @@ func (f fakeSlices) List(ctx context.Context, ns string, opts metav1.ListOptions
 
 func (f fakeSlices) Watch(ctx context.Context, ns string, opts metav1.ListOptions) (watch.Interface, error) {
 	return f.c.DiscoveryV1().EndpointSlices(ns).Watch(ctx, opts)
-}
-
-// Discovery keeps only addresses that can be an API server: not the
-// unspecified, link-local or multicast ones, which kube-apiserver itself
-// mostly refuses in an EndpointSlice (an older or relaxed server, or the
-// cache, could still hand them over), nor broadcast or zoned ones; and at
-// most maxDiscoveredEndpoints of them. What it leaves out is reported with
-// the reason. Loopback passes: the daemon drops only its own listener.
-func TestEndpointsOfRefusesUnusableAddresses(t *testing.T) {
-	v4 := kubeSlice("v4", "1", "10.0.0.1", "127.0.0.1", "0.0.0.0", "169.254.169.254", "224.0.0.1",
-		"239.1.1.1", "255.255.255.255", "::ffff:0.0.0.0")
-	v6 := kubeSlice("v6", "1", "fd00::1", "::", "::1", "fe80::1%eth0", "ff02::1", "fd00::2%eth0")
-	v6.AddressType = discoveryv1.AddressTypeIPv6
-	got, rejected := endpointsOf(sliceCache(v4, v6))
-	if want := []string{"10.0.0.1:6443", "127.0.0.1:6443", "[::1]:6443", "[fd00::1]:6443"}; !slices.Equal(got, want) {
-		t.Errorf("endpoints: got %q; want %q", got, want)
-	}
-	want := []string{
-		"0.0.0.0:6443 (unspecified address)",
-		"169.254.169.254:6443 (link-local address)", "224.0.0.1:6443 (multicast address)",
-		"239.1.1.1:6443 (multicast address)", "255.255.255.255:6443 (broadcast address)",
-		"[::]:6443 (unspecified address)",
-		"[fd00::2%eth0]:6443 (address with an IPv6 zone)", "[fe80::1%eth0]:6443 (link-local address)",
-		"[ff02::1]:6443 (multicast address)",
-	}
-	if !slices.Equal(rejected, want) {
-		t.Errorf("rejected:\n got %q\nwant %q", rejected, want)
-	}
 }
 
 func TestEndpointsOfKeepsAtMostTheLimit(t *testing.T) {
@@ -1027,14 +857,20 @@ func TestEndpointsOfKeepsAtMostTheLimit(t *testing.T) {
 	}
 }
 
+// publishingWatcher is a kube watcher without a client whose publish
+// sends to out, logging to logs.
+func publishingWatcher() (w *kubeWatcher, logs *syncBuffer, out chan []string) {
+	logs, out = &syncBuffer{}, make(chan []string, 4)
+	w = newKubeWatcher(nil, slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), func() float64 { return 0 })
+	w.publishFn = func(l []string) { out <- l }
+	return w, logs, out
+}
+
 // The watcher warns of left-out addresses once per change of them, not on
 // every event.
 func TestWatcherWarnsOfRejectedAddressesOnce(t *testing.T) {
-	logs := &syncBuffer{}
-	w := newKubeWatcher(nil, slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), func() float64 { return 0 })
+	w, logs, out := publishingWatcher()
 	w.cache = sliceCache(kubeSlice("kubernetes", "1", "10.0.0.1", "169.254.169.254"))
-	out := make(chan []string, 4)
-	w.publishFn = func(l []string) { out <- l }
 	for range 2 {
 		w.publish()
 	}
@@ -1053,10 +889,7 @@ func TestWatcherWarnsOfRejectedAddressesOnce(t *testing.T) {
 // more, and warns once: sent on, an empty list would drop every discovered
 // and cached endpoint for the static ones.
 func TestWatcherKeepsLastListWhenEmpty(t *testing.T) {
-	logs := &syncBuffer{}
-	w := newKubeWatcher(nil, slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), func() float64 { return 0 })
-	out := make(chan []string, 4)
-	w.publishFn = func(l []string) { out <- l }
+	w, logs, out := publishingWatcher()
 	publish := w.publish
 	w.cache = sliceCache(kubeSlice("kubernetes", "1", "10.0.0.1"))
 	publish()
@@ -1082,25 +915,6 @@ func TestWatcherKeepsLastListWhenEmpty(t *testing.T) {
 	publish()
 	if got := strings.Count(logs.String(), warning); got != 2 {
 		t.Errorf("warnings after a second time empty: got %d; want 2", got)
-	}
-}
-
-// Slices that endpointsOf cannot use at all are reported with the reason,
-// like unusable addresses.
-func TestEndpointsOfReportsSkippedSlices(t *testing.T) {
-	fqdn := kubeSlice("by-name", "1", "api.example.com")
-	fqdn.AddressType = discoveryv1.AddressTypeFQDN
-	ports := kubeSlice("two-ports", "1", "10.0.0.2")
-	api, metricsPort := int32(6443), int32(9090)
-	apiName, metricsName := "api", "metrics"
-	ports.Ports = []discoveryv1.EndpointPort{{Name: &apiName, Port: &api}, {Name: &metricsName, Port: &metricsPort}}
-	got, rejected := endpointsOf(sliceCache(kubeSlice("kubernetes", "1", "10.0.0.1"), fqdn, ports))
-	if !slices.Equal(got, []string{"10.0.0.1:6443"}) {
-		t.Errorf("endpoints %q; want [10.0.0.1:6443]", got)
-	}
-	want := []string{`slice "by-name" (address type "FQDN")`, `slice "two-ports" (no usable port: none named https, nor a single one)`}
-	if !slices.Equal(rejected, want) {
-		t.Errorf("rejected %q; want %q", rejected, want)
 	}
 }
 

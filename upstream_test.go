@@ -27,7 +27,6 @@ type fakeChecks struct {
 	mu      sync.Mutex
 	fail    map[string]bool
 	block   map[string]bool
-	calls   map[string]int
 	callsAt map[string][]time.Time
 	rtt     map[string]time.Duration // connect time reported; 1ms when unset
 	readyz  bool                     // report /readyz probe results
@@ -35,13 +34,12 @@ type fakeChecks struct {
 }
 
 func newFakeChecks() *fakeChecks {
-	return &fakeChecks{fail: map[string]bool{}, block: map[string]bool{}, calls: map[string]int{},
+	return &fakeChecks{fail: map[string]bool{}, block: map[string]bool{},
 		callsAt: map[string][]time.Time{}, rtt: map[string]time.Duration{}, unready: map[string]bool{}}
 }
 
 func (f *fakeChecks) check(ctx context.Context, addr string) checkResult {
 	f.mu.Lock()
-	f.calls[addr]++
 	f.callsAt[addr] = append(f.callsAt[addr], time.Now())
 	fail, block, rtt, unready := f.fail[addr], f.block[addr], f.rtt[addr], f.unready[addr]
 	f.mu.Unlock()
@@ -74,7 +72,7 @@ func (f *fakeChecks) set(addr string, fail bool) {
 func (f *fakeChecks) count(addr string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.calls[addr]
+	return len(f.callsAt[addr])
 }
 
 // times returns when addr was checked.
@@ -129,15 +127,29 @@ func (tp *testPool) upstream(addr string) *upstream {
 	return tp.upstreams[addr]
 }
 
+// rd returns the readiness of the upstream at addr.
+func (tp *testPool) rd(addr string) readiness {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return tp.upstreams[addr].rd
+}
+
+// poolOf is newTestPool serving addrs after their first checks; it closes
+// when the test ends.
+func poolOf(t *testing.T, cfg poolConfig, addrs ...string) *testPool {
+	tp := newTestPool(cfg)
+	t.Cleanup(tp.close)
+	tp.update(addrs)
+	synctest.Wait()
+	return tp
+}
+
 var defaultTestPool = poolConfig{interval: 20 * time.Second, timeout: 15 * time.Second, drainTimeout: 30 * time.Second}
 
 func TestHealthCheckStreak(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newTestPool(defaultTestPool)
-		defer tp.close()
 		const a = "10.0.0.1:6443"
-		tp.update([]string{a})
-		synctest.Wait() // first check runs at once
+		tp := poolOf(t, defaultTestPool, a)
 		if got := tp.checks.count(a); got != 1 {
 			t.Fatalf("checks right after add: got %d; want 1", got)
 		}
@@ -174,16 +186,16 @@ func TestHealthCheckStreak(t *testing.T) {
 		if got := strings.Count(tp.logs.String(), "upstream unhealthy"); got != 1 {
 			t.Errorf("'upstream unhealthy' logged %d times over repeated failures; want once", got)
 		}
+		if n := testutil.CollectAndCount(tp.m.upstreamRTT) + testutil.CollectAndCount(tp.m.upstreamTier); n != 0 {
+			t.Errorf("latency series in random mode: got %d; want 0", n)
+		}
 	})
 }
 
 func TestClientDialsFeedTheSameStreak(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newTestPool(defaultTestPool)
-		defer tp.close()
 		const a = "10.0.0.1:6443"
-		tp.update([]string{a})
-		synctest.Wait()
+		tp := poolOf(t, defaultTestPool, a)
 		u := tp.upstream(a)
 		tp.reportDial(u, errCheck) // a failed client dial
 		tp.checks.set(a, true)
@@ -213,28 +225,23 @@ func TestProbesOfUpstreamsAreIndependent(t *testing.T) {
 		if got := tp.checks.count(fine); got != 6 {
 			t.Errorf("checks of the healthy upstream in 100 s: got %d; want 6", got)
 		}
-		if got := tp.status(hole); got != 0 {
-			t.Errorf("black-holed upstream: health_check_status got %v; want 0", got)
-		}
-		if got := tp.status(fine); got != 1 {
-			t.Errorf("healthy upstream: health_check_status got %v; want 1", got)
+		if h, f := tp.status(hole), tp.status(fine); h != 0 || f != 1 {
+			t.Errorf("health_check_status: black-holed upstream %v, healthy one %v; want 0, 1", h, f)
 		}
 	})
 }
 
 func TestLocalExhaustionDoesNotFailUpstream(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		logs := &syncBuffer{}
-		m := newMetrics(prometheus.NewRegistry())
-		emfile := func(context.Context, string) checkResult {
+		tp := newTestPool(defaultTestPool)
+		defer tp.close()
+		tp.check = func(context.Context, string) checkResult {
 			return checkResult{err: &net.OpError{Op: "dial", Err: errEMFILE()}}
 		}
-		p := newPool(slog.New(slog.NewTextHandler(logs, nil)), m, defaultTestPool, emfile, randomSelector{})
-		defer p.close()
-		p.update([]string{"10.0.0.1:6443"})
+		tp.update([]string{"10.0.0.1:6443"})
 		time.Sleep(100 * time.Second)
 		synctest.Wait()
-		if !p.ready() {
+		if !tp.ready() {
 			t.Error("pool not ready after checks failed only with EMFILE")
 		}
 	})
@@ -377,10 +384,7 @@ func TestDrainDeadline(t *testing.T) {
 	drain := defaultTestPool.drainTimeout
 	t.Run("closes at the drain timeout", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			tp := newTestPool(defaultTestPool)
-			defer tp.close()
-			tp.update([]string{a})
-			synctest.Wait()
+			tp := poolOf(t, defaultTestPool, a)
 			u := tp.upstream(a)
 			held := tp.attachLockChecked(t, u)
 			tp.update([]string{b})
@@ -404,10 +408,7 @@ func TestDrainDeadline(t *testing.T) {
 	})
 	t.Run("called off by a re-add", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			tp := newTestPool(defaultTestPool)
-			defer tp.close()
-			tp.update([]string{a, b})
-			synctest.Wait()
+			tp := poolOf(t, defaultTestPool, a, b)
 			u := tp.upstream(a)
 			held := tp.attachLockChecked(t, u)
 			tp.update([]string{b})
@@ -479,11 +480,17 @@ func TestSweepDeadline(t *testing.T) {
 }
 
 // pool.close stops what is pending at once rather than waiting for its
-// delay, and nothing runs after it returns.
+// delay, and nothing runs after it returns. A check that ends while the
+// pool closes reports after close has stopped the deadlines; what it arms
+// then must not make close wait for its delay, up to the drain timeout for
+// an eviction. Reporting after close stands in for that race, which a
+// bubble cannot stage (the probe waits on the lock).
 func TestPoolCloseStopsPendingDeadlines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const a = "10.0.0.1:6443"
-		tp := quietPool(defaultTestPool, a)
+		cfg := defaultTestPool
+		cfg.sweep = true
+		tp := quietPool(cfg, a)
 		tp.update([]string{a})
 		u := tp.upstream(a)
 		var ran atomic.Int32
@@ -502,22 +509,6 @@ func TestPoolCloseStopsPendingDeadlines(t *testing.T) {
 		if got := ran.Load(); got != 0 {
 			t.Errorf("deadlines run after pool.close: got %d; want 0", got)
 		}
-	})
-}
-
-// A check that ends while the pool closes reports after close has stopped
-// the deadlines; what it arms then must not make close wait for its delay,
-// up to the drain timeout for an eviction. Reporting after close stands in
-// for that race, which a bubble cannot stage (the probe waits on the lock).
-func TestNoDeadlineArmedOnceClosed(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const a = "10.0.0.1:6443"
-		cfg := defaultTestPool
-		cfg.sweep = true
-		tp := quietPool(cfg, a)
-		tp.update([]string{a})
-		u := tp.upstream(a)
-		tp.close()
 		tp.reportCheck(u, checkResult{err: errCheck})
 		if tp.pendingOf(&u.sweep) {
 			t.Error("sweep armed after pool.close; want nothing armed once closed")
@@ -563,33 +554,24 @@ func TestPoolCloseWaitsForRunningDeadline(t *testing.T) {
 
 func TestReAddAfterRemovalStartsFresh(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newTestPool(poolConfig{interval: 20 * time.Second, timeout: 15 * time.Second, drainTimeout: 0})
-		defer tp.close()
 		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
-		tp.update([]string{a, b})
-		synctest.Wait()
+		tp := poolOf(t, poolConfig{interval: 20 * time.Second, timeout: 15 * time.Second, drainTimeout: 0}, a, b)
 		tp.upstream(a).errs.Inc()
 		tp.update([]string{b})
 		if n := testutil.CollectAndCount(tp.m.connectionErrors); n != 1 {
 			t.Errorf("connection_errors_total series after removing a: got %d; want 1 (b only)", n)
 		}
 		tp.update([]string{a, b})
-		if got := testutil.ToFloat64(tp.m.connectionErrors.WithLabelValues(a)); got != 0 {
-			t.Errorf("connection_errors_total after re-add: got %v; want 0", got)
-		}
-		if got := tp.status(a); got != 1 {
-			t.Errorf("health_check_status after re-add: got %v; want 1", got)
+		if errs, status := testutil.ToFloat64(tp.m.connectionErrors.WithLabelValues(a)), tp.status(a); errs != 0 || status != 1 {
+			t.Errorf("after re-add: connection_errors_total %v, health_check_status %v; want 0, 1", errs, status)
 		}
 	})
 }
 
 func TestLastResortOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newTestPool(defaultTestPool)
-		defer tp.close()
 		addrs := []string{"10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443"}
-		tp.update(addrs)
-		synctest.Wait()
+		tp := poolOf(t, defaultTestPool, addrs...)
 		// Fail all three, the most recently healthy being 10.0.0.2.
 		for _, addr := range []string{addrs[0], addrs[2], addrs[1]} {
 			u := tp.upstream(addr)
@@ -725,18 +707,6 @@ func TestLatencyRemovedUpstreamLeavesTiersAfterDrain(t *testing.T) {
 	})
 }
 
-func TestRandomModeHasNoLatencyMetrics(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		tp := newTestPool(defaultTestPool)
-		defer tp.close()
-		tp.update([]string{"10.0.0.1:6443"})
-		synctest.Wait()
-		if n := testutil.CollectAndCount(tp.m.upstreamRTT) + testutil.CollectAndCount(tp.m.upstreamTier); n != 0 {
-			t.Errorf("latency series in random mode: got %d; want 0", n)
-		}
-	})
-}
-
 func TestQuickRecheckConfirmsFailureInSeconds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := defaultTestPool
@@ -783,10 +753,7 @@ func TestQuickRecheckConfirmsNotReadyInSeconds(t *testing.T) {
 		synctest.Wait()
 		time.Sleep(time.Second)
 		synctest.Wait()
-		tp.mu.Lock()
-		ready := tp.upstreams[a].rd.ready
-		tp.mu.Unlock()
-		at := tp.checks.times(a)
+		ready, at := tp.rd(a).ready, tp.checks.times(a)
 		if ready || len(at) != 3 || at[2].Sub(at[1]) != time.Second {
 			t.Errorf("ready %v 1 s after the first failed probe, check times %v; want not ready, the third check 1 s after the second", ready, at)
 		}
@@ -799,51 +766,29 @@ func TestQuickRecheckConfirmsNotReadyInSeconds(t *testing.T) {
 	})
 }
 
-func TestFailedDialTriggersCheck(t *testing.T) {
+// A failed dial of an included upstream asks for a check at once. With
+// every upstream down, though, each client dials the excluded ones as a
+// last resort: those failed dials must not each trigger a check, or the
+// checks would follow the clients' rate.
+func TestFailedDialTriggersCheckUnlessExcluded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newTestPool(defaultTestPool)
-		defer tp.close()
 		const a = "10.0.0.1:6443"
-		tp.update([]string{a})
-		synctest.Wait()
+		tp := poolOf(t, defaultTestPool, a)
 		tp.checks.set(a, true)
 		time.Sleep(3 * time.Second)
 		tp.reportDial(tp.upstream(a), errCheck)
 		synctest.Wait()
-		if got := tp.checks.count(a); got != 2 {
-			t.Fatalf("checks after a failed dial: got %d; want 2 (the first, and one at once)", got)
+		if got, status := tp.checks.count(a), tp.status(a); got != 2 || status != 0 {
+			t.Fatalf("after a failed dial: %d checks, health_check_status %v; want 2 (the first, and one at once), 0", got, status)
 		}
-		if got := tp.status(a); got != 0 {
-			t.Errorf("after a failed dial and the check it caused: got %v; want 0", got)
-		}
-	})
-}
-
-// TestExcludedUpstreamChecksKeepInterval: with every upstream down, each
-// client dials the excluded ones as a last resort. Those failed dials must
-// not each trigger a check, or the checks would follow the clients' rate.
-func TestExcludedUpstreamChecksKeepInterval(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		tp := newTestPool(defaultTestPool)
-		defer tp.close()
-		const a = "10.0.0.1:6443"
-		tp.update([]string{a})
-		synctest.Wait()
-		tp.checks.set(a, true)
-		tp.reportDial(tp.upstream(a), errCheck) // fails too: excluded
-		synctest.Wait()
-		if got := tp.status(a); got != 0 {
-			t.Fatalf("after two failures: got %v; want 0", got)
-		}
-		before := tp.checks.count(a)
 		for range 10 {
 			tp.reportDial(tp.upstream(a), errCheck)
 			tp.confirmSlow(tp.upstream(a)) // a slow dial called off
 			synctest.Wait()
 			time.Sleep(100 * time.Millisecond)
 		}
-		if got := tp.checks.count(a) - before; got != 0 {
-			t.Errorf("checks within 1 s of ten failed and ten slow dials of an excluded upstream: got %d; want 0 (interval %v)", got, defaultTestPool.interval)
+		if got := tp.checks.count(a); got != 2 {
+			t.Errorf("checks after ten failed and ten slow dials of an excluded upstream within 1 s: got %d; want still 2 (interval %v)", got, defaultTestPool.interval)
 		}
 	})
 }
@@ -867,14 +812,10 @@ func TestReadinessStateMachine(t *testing.T) {
 		const a = "10.0.0.1:6443"
 		tp.checks.setUnready(a, true)
 		tp.update([]string{a})
-		u := tp.upstream(a)
-		tp.mu.Lock()
-		ready, pending := u.rd.ready, u.rd.pending
-		tp.mu.Unlock()
 		// The first probe runs at once and may already have failed, which
 		// clears pending; either way a new upstream is not ready.
-		if ready {
-			t.Fatalf("new upstream: ready=%v pending=%v; want not ready", ready, pending)
+		if tp.rd(a).ready {
+			t.Fatal("new upstream: ready; want not ready")
 		}
 		synctest.Wait() // first probe fails: known not ready at once
 		if got := tp.readyGauge(a); got != 0 {
@@ -908,11 +849,8 @@ func TestReadinessStateMachine(t *testing.T) {
 			tp.checks.set(a, s.tcpFail)
 			time.Sleep(20 * time.Second)
 			synctest.Wait()
-			tp.mu.Lock()
-			ready, pending := u.rd.ready, u.rd.pending
-			tp.mu.Unlock()
-			if ready != s.want || pending != s.pending {
-				t.Errorf("step %d: ready=%v pending=%v; want %v, %v", i, ready, pending, s.want, s.pending)
+			if rd := tp.rd(a); rd.ready != s.want || rd.pending != s.pending {
+				t.Errorf("step %d: ready=%v pending=%v; want %v, %v", i, rd.ready, rd.pending, s.want, s.pending)
 			}
 			if got, want := tp.readyGauge(a), boolGauge(s.want); got != want {
 				t.Errorf("step %d: upstream_ready got %v; want %v", i, got, want)
@@ -972,34 +910,6 @@ func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
 		tp.mu.Unlock()
 		if !evicting {
 			t.Error("c's connections: eviction called off by a's one failed connect; want it to go on")
-		}
-	})
-}
-
-func TestReadyUpstreamsPreferredWithTCPFallback(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		tp := newReadyzPool(defaultTestPool)
-		defer tp.close()
-		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
-		tp.update([]string{a, b})
-		synctest.Wait()
-		if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
-			t.Errorf("both ready: picks %v; want both", got)
-		}
-		tp.checks.setUnready(a, true)
-		time.Sleep(40 * time.Second)
-		synctest.Wait()
-		if got := picks(tp.pool, 200); got[b] != 200 {
-			t.Errorf("a not ready: picks %v; want b only", got)
-		}
-		tp.checks.setUnready(b, true)
-		time.Sleep(40 * time.Second)
-		synctest.Wait()
-		if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
-			t.Errorf("none ready: picks %v; want both (TCP fallback)", got)
-		}
-		if !tp.ready() {
-			t.Error("the daemon's readiness follows TCP health, not /readyz: got not ready")
 		}
 	})
 }
@@ -1065,33 +975,29 @@ func TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout(t *testing.T) {
 }
 
 func TestEvictionCalledOff(t *testing.T) {
-	tests := []struct {
+	const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
+	for _, tt := range []struct {
 		name   string
 		change func(tp *testPool)
 	}{
-		{"upstream ready again", func(tp *testPool) { tp.checks.setUnready("10.0.0.1:6443", false) }},
-		{"no other upstream ready", func(tp *testPool) { tp.checks.setUnready("10.0.0.2:6443", true) }},
-	}
-	for _, tt := range tests {
+		{"upstream ready again", func(tp *testPool) { tp.checks.setUnready(a, false) }},
+		{"no other upstream ready", func(tp *testPool) { tp.checks.setUnready(b, true) }},
+	} {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				// a is not ready at 40 s, so its connections would close
 				// at 100 s; the change takes effect by 80 s.
 				tp, held := evictionSetup(t, 60*time.Second)
 				defer tp.close()
-				tp.checks.setUnready("10.0.0.1:6443", true)
+				tp.checks.setUnready(a, true)
 				time.Sleep(40 * time.Second)
 				synctest.Wait()
 				tt.change(tp)
 				time.Sleep(70 * time.Second) // past 100 s
 				synctest.Wait()
-				tp.mu.Lock()
-				pending := tp.upstreams["10.0.0.1:6443"].evict.pending()
-				tp.mu.Unlock()
-				if pending {
+				if tp.pendingOf(&tp.upstream(a).evict) {
 					t.Error("eviction still pending after it was called off")
 				}
-				synctest.Wait()
 				if isClosed(held) {
 					t.Fatal("connection closed although the closing was called off")
 				}
@@ -1100,37 +1006,26 @@ func TestEvictionCalledOff(t *testing.T) {
 	}
 }
 
-func TestEvictionDrainZeroClosesAtOnce(t *testing.T) {
+// With --drain-timeout 0 the connections of an unready upstream close at
+// once, but not those of one whose readiness two failed connects reset to
+// pending: they stay until a probe has answered.
+func TestEvictionDrainZero(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp, held := evictionSetup(t, 0)
 		defer tp.close()
-		tp.checks.setUnready("10.0.0.1:6443", true)
+		const a = "10.0.0.1:6443"
+		tp.checks.set(a, true)
 		time.Sleep(40 * time.Second)
+		synctest.Wait()
+		if !tp.rd(a).pending || isClosed(held) {
+			t.Fatalf("after two failed connects: readiness pending %v, connection closed %v; want pending, open", tp.rd(a).pending, isClosed(held))
+		}
+		tp.checks.set(a, false)
+		tp.checks.setUnready(a, true)
+		time.Sleep(20 * time.Second) // reachable, the probe fails: not ready
 		synctest.Wait()
 		if !isClosed(held) {
 			t.Fatal("with --drain-timeout 0 the connection of an unready upstream stays open")
-		}
-	})
-}
-
-func TestPendingUpstreamKeepsConnections(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		tp, held := evictionSetup(t, 0)
-		defer tp.close()
-		// Two failed connects make the upstream unreachable and reset its
-		// readiness to pending: its connections stay until a probe has
-		// answered.
-		tp.checks.set("10.0.0.1:6443", true)
-		time.Sleep(40 * time.Second)
-		synctest.Wait()
-		tp.mu.Lock()
-		pending := tp.upstreams["10.0.0.1:6443"].rd.pending
-		tp.mu.Unlock()
-		if !pending {
-			t.Fatal("readiness not pending after two failed connects")
-		}
-		if isClosed(held) {
-			t.Fatal("connection closed while the upstream's first probe after a reset is pending")
 		}
 	})
 }
@@ -1183,9 +1078,7 @@ func TestOneFailedCheckKeepsEvictionGoing(t *testing.T) {
 		time.Sleep(16 * time.Second) // b's check at 60 s fails
 		synctest.Wait()
 		tp.checks.set(b, false)
-		tp.mu.Lock()
-		bReady, aPending := tp.upstreams[b].rd.ready, tp.upstreams[a].evict.pending()
-		tp.mu.Unlock()
+		bReady, aPending := tp.rd(b).ready, tp.pendingOf(&tp.upstream(a).evict)
 		if !bReady || !aPending {
 			t.Fatalf("after one failed check of b: b ready=%v, a's closing pending=%v; want both", bReady, aPending)
 		}
@@ -1203,11 +1096,8 @@ func TestOneFailedCheckKeepsEvictionGoing(t *testing.T) {
 // repeats.
 func TestUpstreamsShowErrorsSafely(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newTestPool(defaultTestPool)
-		defer tp.close()
 		const a = "10.0.0.1:6443"
-		tp.update([]string{a})
-		synctest.Wait()
+		tp := poolOf(t, defaultTestPool, a)
 		hostile := errors.New("x509: certificate is valid for evil\n10.6.6.6:6443  static  healthy\x1b[31m " + strings.Repeat("n", 60<<10))
 		tp.reportDial(tp.upstream(a), hostile)
 		st := tp.describe(nil)
