@@ -254,6 +254,17 @@ func pipeConn() (pc *proxyConn, clientEnd, upstreamEnd net.Conn) {
 	return &proxyConn{client: c1, upstream: u1}, c2, u2
 }
 
+// attach connects a proxyConn over pipes to u and returns it and its
+// client's far end.
+func (tp *testPool) attach(t *testing.T, u *upstream) (*proxyConn, net.Conn) {
+	t.Helper()
+	pc, clientEnd, _ := pipeConn()
+	if !tp.connected(u, pc) {
+		t.Fatalf("connected to %s failed", u.addr)
+	}
+	return pc, clientEnd
+}
+
 func isClosed(c net.Conn) bool {
 	_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
 	_, err := c.Read(make([]byte, 1))
@@ -689,8 +700,7 @@ func TestLatencyRemovedUpstreamLeavesTiersAfterDrain(t *testing.T) {
 		tp.checks.rtt[c] = 30 * time.Millisecond
 		tp.update([]string{a, b, c})
 		synctest.Wait()
-		pc, _, _ := pipeConn()
-		tp.connected(tp.upstream(a), pc)
+		tp.attach(t, tp.upstream(a))
 		tp.update([]string{b, c}) // a drains with a connection open
 		// While a drains it keeps tier 0, so b and c share tier 1.
 		if v := testutil.ToFloat64(tp.m.upstreamTier.WithLabelValues(b)); v != 1 {
@@ -894,10 +904,7 @@ func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
 		tp.checks.setUnready(c, true)
 		tp.update([]string{a, c})
 		synctest.Wait()
-		pc, _, _ := pipeConn()
-		if !tp.connected(tp.upstream(c), pc) {
-			t.Fatal("connected failed")
-		}
+		tp.attach(t, tp.upstream(c))
 		tp.checks.set(a, true)
 		time.Sleep(20 * time.Second)
 		synctest.Wait()
@@ -942,10 +949,7 @@ func evictionSetup(t *testing.T, drain time.Duration) (tp *testPool, clientEnd n
 	tp = newReadyzPool(cfg)
 	tp.update([]string{"10.0.0.1:6443", "10.0.0.2:6443"})
 	synctest.Wait()
-	pc, clientEnd, _ := pipeConn()
-	if !tp.connected(tp.upstream("10.0.0.1:6443"), pc) {
-		t.Fatal("connected failed")
-	}
+	_, clientEnd = tp.attach(t, tp.upstream("10.0.0.1:6443"))
 	return tp, clientEnd
 }
 
@@ -1199,10 +1203,7 @@ func TestPoolLogsAfterUnlocking(t *testing.T) {
 		tp.update([]string{b})
 		time.Sleep(cfg.drainTimeout) // the drain's end, from a deadline
 		synctest.Wait()
-		pc, _, _ := pipeConn()
-		if !tp.connected(ub, pc) {
-			t.Fatal("connected to b failed")
-		}
+		pc, _ := tp.attach(t, ub)
 		tp.update([]string{c})
 		tp.detach(ub, pc) // drained
 		tp.update([]string{d})
@@ -1314,45 +1315,41 @@ func TestReadinessStep(t *testing.T) {
 }
 
 // drains_in_progress counts the removed upstreams whose connections are
-// still draining, and drops as soon as a drain ends, whichever way.
+// still draining, not those removed at once for want of connections, and
+// drops as soon as a drain ends, whichever way.
 func TestDrainsInProgress(t *testing.T) {
 	const a, b, c, d = "10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443", "10.0.0.4:6443"
 	drain := defaultTestPool.drainTimeout
-	tests := []struct {
+	for _, tt := range []struct {
 		name string
 		end  func(tp *testPool, ua *upstream, onA *proxyConn) // ends a's drain, not b's
 	}{
 		{"timeout", func(*testPool, *upstream, *proxyConn) { time.Sleep(drain - 10*time.Second) }},
 		{"last connection", func(tp *testPool, ua *upstream, onA *proxyConn) { tp.detach(ua, onA) }},
 		{"abort", func(tp *testPool, _ *upstream, _ *proxyConn) { tp.update([]string{a, c}) }},
-	}
-	for _, tt := range tests {
+	} {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				tp := quietPool(defaultTestPool, a, b, c, d)
 				defer tp.close()
-				drains := func(when string, want float64) {
-					t.Helper()
-					if got := testutil.ToFloat64(tp.m.drains); got != want {
-						t.Errorf("drains_in_progress %s: got %v; want %v", when, got, want)
-					}
-				}
+				var got []float64
+				drains := func() { got = append(got, testutil.ToFloat64(tp.m.drains)) }
 				tp.update([]string{a, b, d})
-				ua, ub := tp.upstream(a), tp.upstream(b)
-				onA, _, _ := pipeConn()
-				onB, _, _ := pipeConn()
-				if !tp.connected(ua, onA) || !tp.connected(ub, onB) {
-					t.Fatal("connected failed")
-				}
-				drains("with nothing removed", 0)
+				ua := tp.upstream(a)
+				onA, _ := tp.attach(t, ua)
+				tp.attach(t, tp.upstream(b))
+				drains()
 				tp.update([]string{b, c}) // a drains from 0 s; d, without connections, is removed at once
-				drains("with a draining", 1)
+				drains()
 				time.Sleep(10 * time.Second)
 				tp.update([]string{c}) // b drains from 10 s
-				drains("with a and b draining", 2)
+				drains()
 				tt.end(tp, ua, onA)
 				synctest.Wait()
-				drains("once a's drain ended", 1)
+				drains()
+				if want := []float64{0, 1, 2, 1}; !slices.Equal(got, want) {
+					t.Errorf("drains_in_progress with nothing removed, a draining, a and b, once a's drain ended: got %v; want %v", got, want)
+				}
 			})
 		})
 	}
