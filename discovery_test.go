@@ -744,45 +744,23 @@ func TestKubeRESTConfig(t *testing.T) {
 	saDir := t.TempDir()
 	writeFile(t, filepath.Join(saDir, "token"), "sa-token")
 	writeFile(t, filepath.Join(saDir, "ca.crt"), "not read here")
-
+	token, ca := filepath.Join(saDir, "token"), filepath.Join(saDir, "ca.crt")
+	const local, svc = "127.0.0.1:7445", "kubernetes.default.svc"
 	tests := []struct {
-		name           string
-		cfg            kubeProviderConfig
-		saDir          string
-		wantHost       string
-		wantServerName string
-		wantToken      string
-		wantTokenFile  string
-		wantCAFile     string
+		name  string
+		cfg   kubeProviderConfig
+		saDir string
+		want  []string // Host, ServerName, BearerToken, BearerTokenFile, CAFile
 	}{
-		{
-			name: "kubeconfig server is replaced",
-			cfg: kubeProviderConfig{LocalAddr: "127.0.0.1:7445", ServerName: "kubernetes.default.svc",
-				Kubeconfig: testKubeconfig(t, "")},
-			saDir:    t.TempDir(),
-			wantHost: "https://127.0.0.1:7445", wantServerName: "kubernetes.default.svc", wantToken: "secret-token",
-		},
-		{
-			name: "kubeconfig server name is kept",
-			cfg: kubeProviderConfig{LocalAddr: "127.0.0.1:7445", ServerName: "kubernetes.default.svc",
-				Kubeconfig: testKubeconfig(t, "    tls-server-name: api.example.com")},
-			saDir:    t.TempDir(),
-			wantHost: "https://127.0.0.1:7445", wantServerName: "api.example.com", wantToken: "secret-token",
-		},
-		{
-			name:     "in-cluster files, token read from its file",
-			cfg:      kubeProviderConfig{LocalAddr: "127.0.0.1:7445", ServerName: "kubernetes.default.svc"},
-			saDir:    saDir,
-			wantHost: "https://127.0.0.1:7445", wantServerName: "kubernetes.default.svc",
-			wantTokenFile: filepath.Join(saDir, "token"), wantCAFile: filepath.Join(saDir, "ca.crt"),
-		},
-		{
-			name:     "IPv6 listener",
-			cfg:      kubeProviderConfig{LocalAddr: "[::1]:7445", ServerName: "kubernetes.default.svc"},
-			saDir:    saDir,
-			wantHost: "https://[::1]:7445", wantServerName: "kubernetes.default.svc",
-			wantTokenFile: filepath.Join(saDir, "token"), wantCAFile: filepath.Join(saDir, "ca.crt"),
-		},
+		{"kubeconfig server is replaced", kubeProviderConfig{LocalAddr: local, ServerName: svc, Kubeconfig: testKubeconfig(t, "")},
+			t.TempDir(), []string{"https://" + local, svc, "secret-token", "", ""}},
+		{"kubeconfig server name is kept", kubeProviderConfig{LocalAddr: local, ServerName: svc,
+			Kubeconfig: testKubeconfig(t, "    tls-server-name: api.example.com")},
+			t.TempDir(), []string{"https://" + local, "api.example.com", "secret-token", "", ""}},
+		{"in-cluster files, token read from its file", kubeProviderConfig{LocalAddr: local, ServerName: svc},
+			saDir, []string{"https://" + local, svc, "", token, ca}},
+		{"IPv6 listener", kubeProviderConfig{LocalAddr: "[::1]:7445", ServerName: svc},
+			saDir, []string{"https://[::1]:7445", svc, "", token, ca}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -790,10 +768,8 @@ func TestKubeRESTConfig(t *testing.T) {
 			if err != nil {
 				t.Fatalf("got %v; want nil", err)
 			}
-			// Host, ServerName, BearerToken, BearerTokenFile, CAFile.
-			got := []string{rc.Host, rc.ServerName, rc.BearerToken, rc.BearerTokenFile, rc.CAFile}
-			if want := []string{tc.wantHost, tc.wantServerName, tc.wantToken, tc.wantTokenFile, tc.wantCAFile}; !slices.Equal(got, want) {
-				t.Errorf("Host, ServerName, BearerToken, BearerTokenFile, CAFile: got %q; want %q", got, want)
+			if got := []string{rc.Host, rc.ServerName, rc.BearerToken, rc.BearerTokenFile, rc.CAFile}; !slices.Equal(got, tc.want) {
+				t.Errorf("Host, ServerName, BearerToken, BearerTokenFile, CAFile: got %q; want %q", got, tc.want)
 			}
 			req, _ := http.NewRequest(http.MethodGet, rc.Host, nil)
 			if u, err := rc.Proxy(req); u != nil || err != nil {
@@ -1039,14 +1015,21 @@ func (h *mergedHarness) stop(t *testing.T) {
 	<-h.done
 }
 
+// wantSources checks the sources of each endpoint in the union.
+func (h *mergedHarness) wantSources(t *testing.T, when string, want map[string][]string) {
+	t.Helper()
+	if got := h.mp.sources(); !maps.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("sources %s: got %q; want %q", when, got, want)
+	}
+}
+
+// updates, errorsOf and running are the provider's discovery series.
 func (h *mergedHarness) updates(name string) float64 {
 	return testutil.ToFloat64(h.m.discoveryUpdates.WithLabelValues(name))
 }
-
 func (h *mergedHarness) errorsOf(name string) float64 {
 	return testutil.ToFloat64(h.m.discoveryErrors.WithLabelValues(name))
 }
-
 func (h *mergedHarness) running(name string) float64 {
 	return testutil.ToFloat64(h.m.discoveryRunning.WithLabelValues(name))
 }
@@ -1063,14 +1046,11 @@ func TestMergedDeduplicatesAcrossSources(t *testing.T) {
 		a.lists <- []string{"10.0.0.3:6443", "10.0.0.1:6443", "10.0.0.3:6443"}
 		b.lists <- []string{"10.0.0.1:6443"}
 		h.wantApplied(t, "after a and b published", "10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443")
-		want := map[string][]string{
+		h.wantSources(t, "after a and b published", map[string][]string{
 			"10.0.0.1:6443": {staticProviderName, "a", "b"},
 			"10.0.0.2:6443": {staticProviderName},
 			"10.0.0.3:6443": {"a"},
-		}
-		if got := h.mp.sources(); !maps.EqualFunc(got, want, slices.Equal) {
-			t.Errorf("sources: got %q; want %q", got, want)
-		}
+		})
 		a.lists <- []string{"10.0.0.3:6443", "10.0.0.2:6443"}
 		h.wantNothingApplied(t, "after a list that leaves the union as it was")
 		a.lists <- []string{"10.0.0.2:6443"}
@@ -1093,13 +1073,7 @@ func TestMergedCacheCountsUntilKubernetesPublishes(t *testing.T) {
 		other, kube := newScripted("other", nil), newScripted(kubeProviderName, nil)
 		h := startMerged(t, []string{"10.0.0.1:6443"}, []string{"10.0.0.9:6443", "10.0.0.1:6443"}, other, kube)
 		h.wantApplied(t, "before discovery answers", "10.0.0.1:6443", "10.0.0.9:6443")
-		wantSources := func(when string, want map[string][]string) {
-			t.Helper()
-			if got := h.mp.sources(); !maps.EqualFunc(got, want, slices.Equal) {
-				t.Errorf("sources %s: got %q; want %q", when, got, want)
-			}
-		}
-		wantSources("before discovery answers", map[string][]string{
+		h.wantSources(t, "before discovery answers", map[string][]string{
 			"10.0.0.1:6443": {staticProviderName, cacheProviderName},
 			"10.0.0.9:6443": {cacheProviderName},
 		})
@@ -1107,14 +1081,14 @@ func TestMergedCacheCountsUntilKubernetesPublishes(t *testing.T) {
 		h.wantApplied(t, "after another provider published", "10.0.0.1:6443", "10.0.0.3:6443", "10.0.0.9:6443")
 		kube.lists <- []string{"10.0.0.2:6443"}
 		h.wantApplied(t, "after kubernetes published", "10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443")
-		wantSources("after kubernetes published", map[string][]string{
+		h.wantSources(t, "after kubernetes published", map[string][]string{
 			"10.0.0.1:6443": {staticProviderName},
 			"10.0.0.2:6443": {kubeProviderName},
 			"10.0.0.3:6443": {"other"},
 		})
 		kube.lists <- []string{"10.0.0.9:6443"}
 		h.wantApplied(t, "after kubernetes listed the cached endpoint", "10.0.0.1:6443", "10.0.0.3:6443", "10.0.0.9:6443")
-		wantSources("after kubernetes listed the cached endpoint", map[string][]string{
+		h.wantSources(t, "after kubernetes listed the cached endpoint", map[string][]string{
 			"10.0.0.1:6443": {staticProviderName},
 			"10.0.0.3:6443": {"other"},
 			"10.0.0.9:6443": {kubeProviderName},

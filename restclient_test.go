@@ -86,16 +86,12 @@ func TestRESTSliceClientList(t *testing.T) {
 	if list.ResourceVersion != "41" || len(list.Items) != 1 {
 		t.Fatalf("list: resourceVersion %q, %d items; want 41, 1", list.ResourceVersion, len(list.Items))
 	}
-	if got, _ := endpointsOf(map[string]*discoveryv1.EndpointSlice{"s": &list.Items[0]}); fmt.Sprint(got) != "[192.0.2.11:6443]" {
+	if got := sliceEndpoints(&list.Items[0]); fmt.Sprint(got) != "[192.0.2.11:6443]" {
 		t.Errorf("endpoints %v; want [192.0.2.11:6443]", got)
 	}
-}
-
-func TestRESTSliceClientListError(t *testing.T) {
-	c, _ := wireServer(t, http.StatusForbidden, wireForbidden)
-	_, err := c.List(context.Background(), "default", metav1.ListOptions{})
-	if !apierrors.IsForbidden(err) {
-		t.Errorf("error %v; want a Forbidden status error", err)
+	c, _ = wireServer(t, http.StatusForbidden, wireForbidden)
+	if _, err := c.List(context.Background(), "default", metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("List answered 403: error %v; want a Forbidden status error", err)
 	}
 }
 
@@ -362,9 +358,8 @@ func receive(t *testing.T, out <-chan []string, what string) {
 // silence, the connections it has drop whatever they receive, as a
 // black-holed path does; later ones forward normally.
 type silencingRelay struct {
-	addr  string
-	mu    sync.Mutex
-	muted []*atomic.Bool // of the open connections
+	addr    string
+	silence func() // mutes the connections open now
 }
 
 func startSilencingRelay(t *testing.T, target string) *silencingRelay {
@@ -373,7 +368,8 @@ func startSilencingRelay(t *testing.T, target string) *silencingRelay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &silencingRelay{addr: ln.Addr().String()}
+	var era atomic.Int64 // a connection accepted in an earlier era is muted
+	r := &silencingRelay{addr: ln.Addr().String(), silence: func() { era.Add(1) }}
 	var wg sync.WaitGroup
 	var conns sync.Map // every socket, closed at the end
 	t.Cleanup(func() {
@@ -394,10 +390,8 @@ func startSilencingRelay(t *testing.T, target string) *silencingRelay {
 			}
 			conns.Store(client, nil)
 			conns.Store(upstream, nil)
-			muted := new(atomic.Bool)
-			r.mu.Lock()
-			r.muted = append(r.muted, muted)
-			r.mu.Unlock()
+			born := era.Load()
+			muted := func() bool { return era.Load() != born }
 			wg.Go(func() { relayUnlessMuted(upstream, client, muted) })
 			wg.Go(func() { relayUnlessMuted(client, upstream, muted) })
 		}
@@ -405,23 +399,14 @@ func startSilencingRelay(t *testing.T, target string) *silencingRelay {
 	return r
 }
 
-func (r *silencingRelay) silence() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, m := range r.muted {
-		m.Store(true)
-	}
-	r.muted = nil
-}
-
-// relayUnlessMuted copies src to dst, dropping the bytes once muted is set,
-// until either side fails; then it closes both.
-func relayUnlessMuted(dst, src net.Conn, muted *atomic.Bool) {
+// relayUnlessMuted copies src to dst, dropping the bytes once muted says
+// so, until either side fails; then it closes both.
+func relayUnlessMuted(dst, src net.Conn, muted func() bool) {
 	defer func() { _ = dst.Close(); _ = src.Close() }()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !muted.Load() {
+		if n > 0 && !muted() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
