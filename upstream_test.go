@@ -444,49 +444,40 @@ func TestDrainDeadline(t *testing.T) {
 }
 
 // The sweep's deadline: its look at stalled connections comes
-// stalledAfter into a suspicion, unless the upstream recovers first.
+// stalledAfter into a suspicion, unless the upstream recovers first, and a
+// new suspicion arms it again.
 // (Which connections it closes needs real sockets: proxy_linux_test.go
 // and blackhole_linux_test.go.)
 func TestSweepDeadline(t *testing.T) {
-	const a = "10.0.0.1:6443"
-	cfg := defaultTestPool
-	cfg.sweep = true
-	t.Run("looks stalledAfter into a suspicion", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			tp := quietPool(cfg, a)
-			defer tp.close()
-			tp.update([]string{a})
-			u := tp.upstream(a)
-			tp.reportCheck(u, checkResult{err: errCheck})
-			time.Sleep(stalledAfter - time.Nanosecond)
-			synctest.Wait()
-			if !tp.pendingOf(&u.sweep) {
-				t.Fatal("sweep not pending just before stalledAfter into the suspicion")
-			}
-			time.Sleep(time.Nanosecond)
-			synctest.Wait()
-			tp.mu.Lock()
-			suspect, pending := u.suspect, u.sweep.pending()
-			tp.mu.Unlock()
-			if !suspect || pending {
-				t.Errorf("at stalledAfter: suspect=%v, sweep pending=%v; want still suspect, the sweep done", suspect, pending)
-			}
-		})
-	})
-	t.Run("called off by recovery", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			tp := quietPool(cfg, a)
-			defer tp.close()
-			tp.update([]string{a})
-			u := tp.upstream(a)
-			tp.reportCheck(u, checkResult{err: errCheck})
-			time.Sleep(time.Second)
-			tp.reportCheck(u, checkResult{rtt: time.Millisecond})
-			// Before its delay, so no longer pending means called off.
-			if tp.pendingOf(&u.sweep) {
-				t.Error("sweep still pending after the upstream recovered")
-			}
-		})
+	synctest.Test(t, func(t *testing.T) {
+		const a = "10.0.0.1:6443"
+		cfg := defaultTestPool
+		cfg.sweep = true
+		tp := quietPool(cfg, a)
+		defer tp.close()
+		tp.update([]string{a})
+		u := tp.upstream(a)
+		tp.reportCheck(u, checkResult{err: errCheck})
+		time.Sleep(time.Second)
+		tp.reportCheck(u, checkResult{rtt: time.Millisecond})
+		// Before its delay, so no longer pending means called off.
+		if tp.pendingOf(&u.sweep) {
+			t.Error("sweep still pending after the upstream recovered")
+		}
+		tp.reportCheck(u, checkResult{err: errCheck}) // suspect again
+		time.Sleep(stalledAfter - time.Nanosecond)
+		synctest.Wait()
+		if !tp.pendingOf(&u.sweep) {
+			t.Fatal("sweep not pending just before stalledAfter into the suspicion")
+		}
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		tp.mu.Lock()
+		suspect, pending := u.suspect, u.sweep.pending()
+		tp.mu.Unlock()
+		if !suspect || pending {
+			t.Errorf("at stalledAfter: suspect=%v, sweep pending=%v; want still suspect, the sweep done", suspect, pending)
+		}
 	})
 }
 
@@ -717,61 +708,42 @@ func TestLatencyRemovedUpstreamLeavesTiersAfterDrain(t *testing.T) {
 	})
 }
 
+// A failed check that leaves the upstream included is confirmed 1 s
+// later, a failed connect while healthy or a failed /readyz probe while
+// ready: an API server that went away or lost etcd quorum is out within
+// seconds, not after a second interval. Once it is out, checks return to
+// the interval.
 func TestQuickRecheckConfirmsFailureInSeconds(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		cfg := defaultTestPool
-		cfg.quickRecheck = time.Second
-		tp := newTestPool(cfg)
-		defer tp.close()
-		const a = "10.0.0.1:6443"
-		tp.checks.set(a, true)
-		start := time.Now()
-		tp.update([]string{a})
-		synctest.Wait()
-		time.Sleep(time.Second)
-		synctest.Wait()
-		if got := tp.status(a); got != 0 {
-			t.Errorf("health_check_status 1 s after the first failed check: got %v; want 0", got)
-		}
-		at := tp.checks.times(a)
-		if len(at) != 2 || at[1].Sub(start) != time.Second {
-			t.Errorf("check times: got %v; want at 0 s and 1 s", at)
-		}
-		// Once excluded, checks return to the normal interval.
-		time.Sleep(20 * time.Second)
-		synctest.Wait()
-		if got := tp.checks.count(a); got != 3 {
-			t.Errorf("checks after exclusion: got %d; want 3 (0 s, 1 s, 21 s)", got)
-		}
-	})
-}
-
-// A failed /readyz probe that leaves the upstream ready is confirmed 1 s
-// later too: an API server that lost etcd quorum is out within seconds, not
-// after a second interval.
-func TestQuickRecheckConfirmsNotReadyInSeconds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		cfg := defaultTestPool
 		cfg.quickRecheck = time.Second
 		tp := newReadyzPool(cfg)
 		defer tp.close()
 		const a = "10.0.0.1:6443"
+		start := time.Now()
 		tp.update([]string{a})
 		synctest.Wait() // the first probe passes: ready
 		tp.checks.setUnready(a, true)
-		time.Sleep(cfg.interval) // this probe fails: still ready
+		time.Sleep(21 * time.Second) // the probe at 20 s fails, and the one at 21 s
 		synctest.Wait()
-		time.Sleep(time.Second)
-		synctest.Wait()
-		ready, at := tp.rd(a).ready, tp.checks.times(a)
-		if ready || len(at) != 3 || at[2].Sub(at[1]) != time.Second {
-			t.Errorf("ready %v 1 s after the first failed probe, check times %v; want not ready, the third check 1 s after the second", ready, at)
+		if tp.rd(a).ready {
+			t.Error("ready 1 s after the first failed probe; want not ready")
 		}
-		// Once not ready, probes return to the normal interval.
-		time.Sleep(cfg.interval)
+		tp.checks.setUnready(a, false)
+		tp.checks.set(a, true)
+		time.Sleep(21 * time.Second) // the connect at 41 s fails, and the one at 42 s
 		synctest.Wait()
-		if got := tp.checks.count(a); got != 4 {
-			t.Errorf("checks after exclusion: got %d; want 4", got)
+		if got := tp.status(a); got != 0 {
+			t.Errorf("health_check_status 1 s after the first failed connect: got %v; want 0", got)
+		}
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		var at []time.Duration
+		for _, c := range tp.checks.times(a) {
+			at = append(at, c.Sub(start))
+		}
+		if want := []time.Duration{0, 20 * time.Second, 21 * time.Second, 41 * time.Second, 42 * time.Second, 62 * time.Second}; !slices.Equal(at, want) {
+			t.Errorf("check times: got %v; want %v", at, want)
 		}
 	})
 }
