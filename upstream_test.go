@@ -204,8 +204,7 @@ func TestClientDialsFeedTheSameStreak(t *testing.T) {
 		if got := tp.status(a); got != 0 {
 			t.Errorf("after a failed dial and a failed check: got %v; want 0", got)
 		}
-		pc, _, _ := pipeConn()
-		tp.connected(u, pc) // a successful client dial re-includes it
+		tp.attach(t, u) // a successful client dial re-includes it
 		if got := tp.status(a); got != 1 {
 			t.Errorf("after a successful dial: got %v; want 1", got)
 		}
@@ -895,10 +894,8 @@ func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
 
 func TestReadinessFiltersBeforeLatencyTiers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := defaultTestPool
-		cfg.readyz = true
-		tp := newLatencyPool(cfg)
-		tp.checks.readyz = true
+		tp := newReadyzPool(defaultTestPool)
+		tp.sel = newLatencySelector(tp.m)
 		defer tp.close()
 		const near, far = "10.0.0.1:6443", "10.0.9.1:6443"
 		tp.checks.rtt[near] = time.Millisecond
