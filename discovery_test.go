@@ -208,9 +208,9 @@ type watchReply struct {
 	err     error
 }
 
-// forward hands a call to the test on calls and returns its reply, or
+// forwardCall hands a call to the test on calls and returns its reply, or
 // ok false once the test is over.
-func forward[R any](calls chan apiCall[R], over chan struct{}, namespace string, opts metav1.ListOptions) (r R, ok bool) {
+func forwardCall[R any](calls chan apiCall[R], over chan struct{}, namespace string, opts metav1.ListOptions) (r R, ok bool) {
 	c := apiCall[R]{at: time.Now(), namespace: namespace, opts: opts, reply: make(chan R)}
 	select {
 	case calls <- c:
@@ -225,8 +225,8 @@ func forward[R any](calls chan apiCall[R], over chan struct{}, namespace string,
 	}
 }
 
-// next waits for a call on calls.
-func next[R any](t *testing.T, calls chan apiCall[R], what string) apiCall[R] {
+// nextCall waits for a call on calls.
+func nextCall[R any](t *testing.T, calls chan apiCall[R], what string) apiCall[R] {
 	t.Helper()
 	select {
 	case c := <-calls:
@@ -262,7 +262,7 @@ func startKube(t *testing.T, jitter float64) *kubeHarness {
 	over := make(chan struct{})
 	client := fake.NewClientset()
 	client.PrependReactor("list", "endpointslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		r, ok := forward(h.lists, over, action.GetNamespace(), action.(k8stesting.ListActionImpl).ListOptions)
+		r, ok := forwardCall(h.lists, over, action.GetNamespace(), action.(k8stesting.ListActionImpl).ListOptions)
 		switch {
 		case !ok:
 			return true, nil, errTestOver
@@ -272,7 +272,7 @@ func startKube(t *testing.T, jitter float64) *kubeHarness {
 		return true, r.list, r.err
 	})
 	client.PrependWatchReactor("endpointslices", func(action k8stesting.Action) (bool, watch.Interface, error) {
-		r, ok := forward(h.watches, over, action.GetNamespace(), action.(k8stesting.WatchActionImpl).ListOptions)
+		r, ok := forwardCall(h.watches, over, action.GetNamespace(), action.(k8stesting.WatchActionImpl).ListOptions)
 		if !ok {
 			return true, nil, errTestOver
 		}
@@ -293,8 +293,8 @@ func startKube(t *testing.T, jitter float64) *kubeHarness {
 	return h
 }
 
-func (h *kubeHarness) nextList() listCall   { return next(h.t, h.lists, "List") }
-func (h *kubeHarness) nextWatch() watchCall { return next(h.t, h.watches, "Watch") }
+func (h *kubeHarness) nextList() listCall   { return nextCall(h.t, h.lists, "List") }
+func (h *kubeHarness) nextWatch() watchCall { return nextCall(h.t, h.watches, "Watch") }
 
 // answerList waits for a List call and answers it with the slices.
 func (h *kubeHarness) answerList(resourceVersion string, items ...*discoveryv1.EndpointSlice) listCall {
