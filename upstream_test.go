@@ -982,7 +982,7 @@ func TestEvictionCalledOff(t *testing.T) {
 // With --drain-timeout 0 the connections of an unready upstream close at
 // once, but not those of one whose readiness two failed connects reset to
 // pending: they stay until a probe has answered.
-func TestEvictionDrainZero(t *testing.T) {
+func TestEvictionDrainZeroClosesAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp, held := evictionSetup(t, 0)
 		defer tp.close()
