@@ -688,13 +688,6 @@ func TestKubeWatchEvents(t *testing.T) {
 		fw.Delete(kubeSlice("a", "5"))
 		h.expectOut("10.0.0.4:6443")
 
-		// No endpoint left: the last list stays (nothing is sent) until
-		// endpoints are back.
-		fw.Delete(kubeSlice("b", "6"))
-		h.expectNoOut()
-		fw.Add(kubeSlice("c", "7", "10.0.0.9"))
-		h.expectOut("10.0.0.9:6443")
-
 		fw.Error(errorEvent)
 		synctest.Wait()
 		if got := h.errorsTotal(); got != 1 {
