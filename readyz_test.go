@@ -70,34 +70,37 @@ type rzLeaf struct {
 	pair            tls.Certificate
 }
 
-func rzSerial(t *testing.T) *big.Int {
-	t.Helper()
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func rzNewCA(t *testing.T, cn string) *rzCA {
+// rzCreate makes a key and a certificate from tmpl signed by parentKey, or
+// self-signed when parent is nil.
+func rzCreate(t *testing.T, tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) ([]byte, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          rzSerial(t),
+	if tmpl.SerialNumber, err = rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62)); err != nil {
+		t.Fatal(err)
+	}
+	if parent == nil {
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der, key
+}
+
+func rzNewCA(t *testing.T, cn string) *rzCA {
+	t.Helper()
+	der, key := rzCreate(t, &x509.Certificate{
 		Subject:               pkix.Name{CommonName: cn},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(time.Hour),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
 		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	}, nil, nil)
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		t.Fatal(err)
@@ -109,15 +112,7 @@ func rzNewCA(t *testing.T, cn string) *rzCA {
 
 func (ca *rzCA) issue(t *testing.T, tmpl *x509.Certificate) rzLeaf {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl.SerialNumber = rzSerial(t)
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	der, key := rzCreate(t, tmpl, ca.cert, ca.key)
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
@@ -313,45 +308,15 @@ func TestReadyzProbeStatus(t *testing.T) {
 	}
 }
 
+// The probe verifies the server's certificate against the CA and the
+// server name, and sends nothing to a server that fails it. An IP address
+// as the server name is verified against the certificate's IP addresses;
+// an IPv6 one once made every probe fail: it went into the URL without
+// brackets.
 func TestReadyzProbeVerifiesServerCertificate(t *testing.T) {
 	pki := rzNewPKI(t)
 	otherCA := rzNewCA(t, "someone else")
-	tests := []struct {
-		name       string
-		cert       rzLeaf
-		serverName string
-	}{
-		{"wrong server name", pki.serving, "other.example"},
-		{"expired certificate", pki.ca.serving(t, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour)), rzServerName},
-		{"unknown CA", otherCA.serving(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour)), rzServerName},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var hits atomic.Int32
-			addr := rzStartHTTPS(t, tt.cert.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				hits.Add(1)
-				w.WriteHeader(http.StatusOK)
-			}))
-			p := pki.probe()
-			p.serverName = tt.serverName
-			res, _ := rzCheck(p, addr, 2*time.Second)
-			rzWantFailedProbe(t, res)
-			if _, ok := errors.AsType[*tls.CertificateVerificationError](res.notReady); !ok {
-				t.Errorf("notReady: got %v; want a certificate verification error", res.notReady)
-			}
-			if got := hits.Load(); got != 0 {
-				t.Errorf("requests reaching the server: got %v; want 0", got)
-			}
-		})
-	}
-}
-
-// TestReadyzProbeServerNameIsAnAddress probes with IP addresses as the
-// server name, verified against the certificate's IP addresses. An IPv6
-// address once made every probe fail: it went into the URL without brackets.
-func TestReadyzProbeServerNameIsAnAddress(t *testing.T) {
-	pki := rzNewPKI(t)
-	cert := pki.ca.issue(t, &x509.Certificate{
+	byAddress := pki.ca.issue(t, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "kube-apiserver"},
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		NotBefore:   time.Now().Add(-time.Hour),
@@ -359,22 +324,43 @@ func TestReadyzProbeServerNameIsAnAddress(t *testing.T) {
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
-	for _, tt := range []struct{ serverName, wantHost string }{
-		{"127.0.0.1", "127.0.0.1"},
-		{"::1", "[::1]"},
-	} {
-		t.Run(tt.serverName, func(t *testing.T) {
+	tests := []struct {
+		name       string
+		cert       rzLeaf
+		serverName string
+		wantHost   string // the Host header of a passed probe; "" if verification fails
+	}{
+		{"wrong server name", pki.serving, "other.example", ""},
+		{"expired certificate", pki.ca.serving(t, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour)), rzServerName, ""},
+		{"unknown CA", otherCA.serving(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour)), rzServerName, ""},
+		{"IPv4 address", byAddress, "127.0.0.1", "127.0.0.1"},
+		{"IPv6 address", byAddress, "::1", "[::1]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var hits atomic.Int32
 			var host atomic.Pointer[string]
-			addr := rzStartHTTPS(t, cert.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			addr := rzStartHTTPS(t, tt.cert.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				hits.Add(1)
 				host.Store(&r.Host)
 				w.WriteHeader(http.StatusOK)
 			}))
 			p := pki.probe()
 			p.serverName = tt.serverName
 			res, _ := rzCheck(p, addr, 2*time.Second)
-			rzWantReady(t, res)
-			if got := host.Load(); got == nil || *got != tt.wantHost {
-				t.Errorf("Host header: got %v; want %q", got, tt.wantHost)
+			if tt.wantHost != "" {
+				rzWantReady(t, res)
+				if got := host.Load(); got == nil || *got != tt.wantHost {
+					t.Errorf("Host header: got %v; want %q", got, tt.wantHost)
+				}
+				return
+			}
+			rzWantFailedProbe(t, res)
+			if _, ok := errors.AsType[*tls.CertificateVerificationError](res.notReady); !ok {
+				t.Errorf("notReady: got %v; want a certificate verification error", res.notReady)
+			}
+			if got := hits.Load(); got != 0 {
+				t.Errorf("requests reaching the server: got %v; want 0", got)
 			}
 		})
 	}
