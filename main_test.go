@@ -473,50 +473,30 @@ func TestNewDiscoveryWhenKubernetesCannotStart(t *testing.T) {
 	})
 }
 
-// TestRunReportsWhetherDiscoveryRuns runs the daemon with discovery
-// enabled: one whose kubernetes provider cannot start keeps serving and
-// exports discovery_running 0 from the first scrape; one whose provider
-// runs, though its requests fail, exports 1.
+// metricsMissing returns the lines of want that /metrics lacks.
+func (d *runningDaemon) metricsMissing(want ...string) []string {
+	_, body := httpGet(d.healthBase + "/metrics")
+	lines := strings.Split(body, "\n")
+	return slices.DeleteFunc(want, func(l string) bool { return slices.Contains(lines, l) })
+}
+
+// A daemon whose kubernetes provider cannot start keeps serving and
+// exports discovery_running 0 from the first scrape.
 func TestRunReportsWhetherDiscoveryRuns(t *testing.T) {
-	tests := []struct {
-		name       string
-		kubeconfig string
-		settles    bool     // the lines may take a moment; otherwise the first scrape has them
-		want       []string // lines of /metrics
-	}{
-		{"cannot start", "/nonexistent/kubeconfig", false, []string{
-			`extractedprism_discovery_running{provider="kubernetes"} 0`,
-			`extractedprism_discovery_errors_total{provider="kubernetes"} 1`,
-			`extractedprism_discovery_updates_total{provider="kubernetes"} 0`,
-		}},
-		// discovery_running{kubernetes} is set as the merged provider
-		// starts, which /healthz does not wait for.
-		{"runs", uselessKubeconfig(t), true, []string{
-			`extractedprism_discovery_running{provider="kubernetes"} 1`,
-			`extractedprism_discovery_running{provider="static"} 1`,
-			`extractedprism_discovery_updates_total{provider="kubernetes"} 0`,
-		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			a := startUpstream(t, echo)
-			d := startDaemon(t, nil, "--endpoints", a.addr, "--enable-discovery=true", "--kubeconfig", tt.kubeconfig)
-			d.echoThrough(t, "static endpoints serve")
-			missing := func() []string {
-				_, body := httpGet(d.healthBase + "/metrics")
-				lines := strings.Split(body, "\n")
-				return slices.DeleteFunc(slices.Clone(tt.want), func(l string) bool { return slices.Contains(lines, l) })
-			}
-			if tt.settles {
-				waitFor(t, fmt.Sprintf("/metrics to show %q", tt.want), func() bool { return len(missing()) == 0 })
-			}
-			if m := missing(); len(m) > 0 {
-				t.Errorf("/metrics lacks the lines %q", m)
-			}
-		})
+	a := startUpstream(t, echo)
+	d := startDaemon(t, nil, "--endpoints", a.addr, "--enable-discovery=true", "--kubeconfig", "/nonexistent/kubeconfig")
+	d.echoThrough(t, "static endpoints serve")
+	if m := d.metricsMissing(`extractedprism_discovery_running{provider="kubernetes"} 0`,
+		`extractedprism_discovery_errors_total{provider="kubernetes"} 1`,
+		`extractedprism_discovery_updates_total{provider="kubernetes"} 0`); len(m) > 0 {
+		t.Errorf("/metrics lacks the lines %q", m)
 	}
 }
 
+// A corrupt endpoint cache is logged and ignored: the static endpoints
+// serve, and discovery runs, though its requests fail, exporting
+// discovery_running 1 (set as the merged provider starts, which /healthz
+// does not wait for).
 func TestRunCorruptCacheIsNotFatal(t *testing.T) {
 	a := startUpstream(t, echo)
 	cachePath := t.TempDir() + "/endpoints.json"
@@ -527,6 +507,9 @@ func TestRunCorruptCacheIsNotFatal(t *testing.T) {
 		"--kubeconfig", uselessKubeconfig(t))
 	d.echoThrough(t, "static still works")
 	d.waitForLog(t, "endpoint cache ignored")
+	want := []string{`extractedprism_discovery_running{provider="kubernetes"} 1`,
+		`extractedprism_discovery_running{provider="static"} 1`, `extractedprism_discovery_updates_total{provider="kubernetes"} 0`}
+	waitFor(t, fmt.Sprintf("/metrics to show %q", want), func() bool { return len(d.metricsMissing(slices.Clone(want)...)) == 0 })
 }
 
 // apply gives the pool the union of the sources when it has changed, and
