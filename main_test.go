@@ -128,6 +128,7 @@ func (d *runningDaemon) echoThrough(t *testing.T, msg string) *net.TCPConn {
 	}
 	return c
 }
+
 func TestRunProxiesAndReports(t *testing.T) {
 	a, b := startUpstream(t, echo), startUpstream(t, echo)
 	d := startDaemon(t, nil, "--endpoints", a.addr+","+b.addr)
@@ -177,8 +178,8 @@ func TestRunEnvironmentConfiguresDaemon(t *testing.T) {
 	d.waitForLog(t, `"msg":"setting has no effect","setting":"--kubeconfig (EP_KUBECONFIG)"`)
 }
 
-// A configuration run refuses returns an error naming its flags before
-// anything listens; a port in use is reported with the flags of the
+// run refuses a bad configuration before anything listens, with an error
+// naming its flags; a port in use is reported with the flags of the
 // listener that could not have it, since both listeners bind the same
 // address by default, and the other listener is closed again.
 func TestRunRefusesToStart(t *testing.T) {
