@@ -76,27 +76,19 @@ func TestNewLogger(t *testing.T) {
 	}
 }
 
-// Durations are logged as text: JSON would have them in nanoseconds.
-func TestLoggerWritesDurationsAsText(t *testing.T) {
+// Durations are logged as text (JSON would have them in nanoseconds), and
+// a long error, such as one repeating an upstream certificate's names, is
+// cut in the log line.
+func TestLoggerValues(t *testing.T) {
 	var out bytes.Buffer
-	newLogger(slog.LevelInfo, &out).With("interval", 20*time.Second).Info("hello", "timeout", 1500*time.Millisecond)
+	newLogger(slog.LevelInfo, &out).With("interval", 20*time.Second).Warn("hello", "timeout", 1500*time.Millisecond,
+		"err", errors.New(strings.Repeat("n", 50<<10)), "short", errors.New("kept"))
 	var record map[string]any
 	if err := json.Unmarshal(out.Bytes(), &record); err != nil {
 		t.Fatalf("decode %q: %v", out.String(), err)
 	}
 	if record["timeout"] != "1.5s" || record["interval"] != "20s" {
-		t.Errorf("durations: got timeout %v, interval %v; want \"1.5s\", \"20s\" in %s", record["timeout"], record["interval"], out.String())
-	}
-}
-
-// A long error, such as one repeating an upstream certificate's names, is
-// cut in the log line.
-func TestLoggerCutsLongErrors(t *testing.T) {
-	var out bytes.Buffer
-	newLogger(slog.LevelInfo, &out).Warn("hello", "err", errors.New(strings.Repeat("n", 50<<10)), "short", errors.New("kept"))
-	var record map[string]any
-	if err := json.Unmarshal(out.Bytes(), &record); err != nil {
-		t.Fatalf("decode: %v", err)
+		t.Errorf("durations: got timeout %v, interval %v; want \"1.5s\", \"20s\"", record["timeout"], record["interval"])
 	}
 	if got, _ := record["err"].(string); len(got) != maxLogError+3 || !strings.HasSuffix(got, "...") {
 		t.Errorf("err of %d bytes; want %d ending in ...", len(got), maxLogError+3)
@@ -141,22 +133,6 @@ func stalledSink(t *testing.T, first string) (*logSink, *stallWriter) {
 	return s, w
 }
 
-func TestLogSinkKeepsOrder(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
-		s := newLogSink(&out)
-		go s.run()
-		want := numbered("line", 100)
-		writeLines(t, s, want...)
-		if !s.close(logFlushTimeout) {
-			t.Fatal("close: run did not return")
-		}
-		if got := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n"); !slices.Equal(got, want) {
-			t.Errorf("got %q; want %q", got, want)
-		}
-	})
-}
-
 // A full queue drops records without blocking the logger, and once the
 // reader takes lines again one warning counts them.
 func TestLogSinkDropsWhenFullAndWarns(t *testing.T) {
@@ -193,8 +169,8 @@ func TestLogSinkDropsWhenFullAndWarns(t *testing.T) {
 	})
 }
 
-// close writes what is queued before it returns, so the last lines of a
-// daemon that stops are not lost.
+// close writes what is queued before it returns, in order, so the last
+// lines of a daemon that stops are not lost.
 func TestLogSinkCloseFlushesQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s, w := stalledSink(t, "line 0")

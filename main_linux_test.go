@@ -88,6 +88,36 @@ func (mc *mainChild) logSeen(text string) <-chan struct{} {
 	return seen
 }
 
+// signal sends sig to the child.
+func (mc *mainChild) signal(t *testing.T, sig os.Signal) {
+	t.Helper()
+	if err := mc.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitLog waits up to 10 s for seen, from logSeen, after what.
+func waitLog(t *testing.T, seen <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-seen:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no log line within 10 s of %s", what)
+	}
+}
+
+// stopCleanly sends SIGTERM and checks that the child ran main and exited 0.
+func (mc *mainChild) stopCleanly(t *testing.T, after string) {
+	t.Helper()
+	mc.signal(t, syscall.SIGTERM)
+	if err := mc.cmd.Wait(); err != nil {
+		t.Fatalf("after %s, SIGTERM: got %v; want a clean exit\n%s", after, err, mc.stdout.String())
+	}
+	if !strings.Contains(mc.stdout.String(), "--- PASS: "+t.Name()) {
+		t.Errorf("the copy did not run main:\n%s", mc.stdout.String())
+	}
+}
+
 // runMainIfChild runs main and reports true in the copy startMain starts.
 func runMainIfChild() bool {
 	args := os.Getenv(mainArgsEnv)
@@ -124,19 +154,7 @@ func TestDaemonSurvivesClosedStderr(t *testing.T) {
 		code, _ := httpGet("http://" + mc.healthAddr + "/healthz")
 		return code == http.StatusOK
 	})
-	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	err := mc.cmd.Wait()
-	if exit, ok := errors.AsType[*exec.ExitError](err); ok {
-		t.Fatalf("daemon ended with %v after its stderr closed; want a clean exit on SIGTERM\n%s", exit, mc.stdout.String())
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(mc.stdout.String(), "--- PASS: "+t.Name()) {
-		t.Errorf("the copy did not run main:\n%s", mc.stdout.String())
-	}
+	mc.stopCleanly(t, "logging to a closed stderr")
 }
 
 // TestSecondSignalEndsShutdown: while the first SIGTERM's shutdown waits
@@ -158,15 +176,9 @@ func TestSecondSignalEndsShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	shuttingDown := mc.logSeen(`"msg":"shutting down"`)
+	mc.signal(t, syscall.SIGTERM)
+	waitLog(t, shuttingDown, "SIGTERM")
 	exited := make(chan error, 1)
-	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-shuttingDown:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no shutdown line within 10 s of SIGTERM")
-	}
 	go func() { exited <- mc.cmd.Wait() }()
 	// The handler is gone soon after the shutdown starts; until the
 	// process ends, signal it again every 100 ms, for at most 3 s (its
@@ -203,34 +215,17 @@ func TestHangupIsIgnored(t *testing.T) {
 	up := startUpstream(t, echo)
 	mc := startMain(t, "--endpoints", up.addr)
 	logged := mc.logSeen(`"level":"WARN","msg":"SIGHUP ignored: the configuration is read only at start-up`)
-	for range 2 {
-		if err := mc.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-logged:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no log line within 10 s of SIGHUP")
-	}
+	mc.signal(t, syscall.SIGHUP)
+	mc.signal(t, syscall.SIGHUP)
+	waitLog(t, logged, "SIGHUP")
 	c := dialProxy(t, mc.proxyAddr)
-	err := roundTrip(c, []byte("after SIGHUP"))
-	_ = c.Close()
-	if err != nil {
+	if err := roundTrip(c, []byte("after SIGHUP")); err != nil {
 		t.Errorf("proxying after SIGHUP: %v", err)
 	}
 	if code, _ := httpGet("http://" + mc.healthAddr + "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz after SIGHUP: got %d; want 200", code)
 	}
-	if err := mc.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := mc.cmd.Wait(); err != nil {
-		t.Fatalf("after SIGHUP, then SIGTERM: %v; want a clean exit\n%s", err, mc.stdout.String())
-	}
-	if !strings.Contains(mc.stdout.String(), "--- PASS: "+t.Name()) {
-		t.Errorf("the copy did not run main:\n%s", mc.stdout.String())
-	}
+	mc.stopCleanly(t, "SIGHUP")
 }
 
 // TestMainExitStatus: main exits 0 when run succeeds and 1 when it fails,
@@ -272,21 +267,11 @@ func TestMainExitStatus(t *testing.T) {
 func TestRunExportsProcessMetrics(t *testing.T) {
 	up := startUpstream(t, echo)
 	d := startDaemon(t, nil, "--endpoints", up.addr)
-	waitFor(t, "/readyz to pass", func() bool {
-		code, _ := httpGet(d.healthBase + "/readyz")
-		return code == http.StatusOK
-	})
+	d.waitOK(t, "/readyz")
 	_, before := httpGet(d.healthBase + "/metrics")
 	const held = 5
 	for range held {
-		c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		if err := roundTrip(c, []byte("held")); err != nil {
-			t.Fatal(err)
-		}
+		d.echoThrough(t, "held")
 	}
 	_, during := httpGet(d.healthBase + "/metrics")
 

@@ -70,34 +70,37 @@ type rzLeaf struct {
 	pair            tls.Certificate
 }
 
-func rzSerial(t *testing.T) *big.Int {
-	t.Helper()
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func rzNewCA(t *testing.T, cn string) *rzCA {
+// rzCreate makes a key and a certificate from tmpl signed by parentKey, or
+// self-signed when parent is nil.
+func rzCreate(t *testing.T, tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) ([]byte, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          rzSerial(t),
+	if tmpl.SerialNumber, err = rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62)); err != nil {
+		t.Fatal(err)
+	}
+	if parent == nil {
+		parent, parentKey = tmpl, key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der, key
+}
+
+func rzNewCA(t *testing.T, cn string) *rzCA {
+	t.Helper()
+	der, key := rzCreate(t, &x509.Certificate{
 		Subject:               pkix.Name{CommonName: cn},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(time.Hour),
 		IsCA:                  true,
 		BasicConstraintsValid: true,
 		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	}, nil, nil)
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
 		t.Fatal(err)
@@ -109,15 +112,7 @@ func rzNewCA(t *testing.T, cn string) *rzCA {
 
 func (ca *rzCA) issue(t *testing.T, tmpl *x509.Certificate) rzLeaf {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl.SerialNumber = rzSerial(t)
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	der, key := rzCreate(t, tmpl, ca.cert, ca.key)
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
 		t.Fatal(err)
@@ -313,45 +308,15 @@ func TestReadyzProbeStatus(t *testing.T) {
 	}
 }
 
+// The probe verifies the server's certificate against the CA and the
+// server name, and sends nothing to a server that fails it. An IP address
+// as the server name is verified against the certificate's IP addresses;
+// an IPv6 one once made every probe fail: it went into the URL without
+// brackets.
 func TestReadyzProbeVerifiesServerCertificate(t *testing.T) {
 	pki := rzNewPKI(t)
 	otherCA := rzNewCA(t, "someone else")
-	tests := []struct {
-		name       string
-		cert       rzLeaf
-		serverName string
-	}{
-		{"wrong server name", pki.serving, "other.example"},
-		{"expired certificate", pki.ca.serving(t, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour)), rzServerName},
-		{"unknown CA", otherCA.serving(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour)), rzServerName},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var hits atomic.Int32
-			addr := rzStartHTTPS(t, tt.cert.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-				hits.Add(1)
-				w.WriteHeader(http.StatusOK)
-			}))
-			p := pki.probe()
-			p.serverName = tt.serverName
-			res, _ := rzCheck(p, addr, 2*time.Second)
-			rzWantFailedProbe(t, res)
-			if _, ok := errors.AsType[*tls.CertificateVerificationError](res.notReady); !ok {
-				t.Errorf("notReady: got %v; want a certificate verification error", res.notReady)
-			}
-			if got := hits.Load(); got != 0 {
-				t.Errorf("requests reaching the server: got %v; want 0", got)
-			}
-		})
-	}
-}
-
-// TestReadyzProbeServerNameIsAnAddress probes with IP addresses as the
-// server name, verified against the certificate's IP addresses. An IPv6
-// address once made every probe fail: it went into the URL without brackets.
-func TestReadyzProbeServerNameIsAnAddress(t *testing.T) {
-	pki := rzNewPKI(t)
-	cert := pki.ca.issue(t, &x509.Certificate{
+	byAddress := pki.ca.issue(t, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "kube-apiserver"},
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		NotBefore:   time.Now().Add(-time.Hour),
@@ -359,22 +324,43 @@ func TestReadyzProbeServerNameIsAnAddress(t *testing.T) {
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
-	for _, tt := range []struct{ serverName, wantHost string }{
-		{"127.0.0.1", "127.0.0.1"},
-		{"::1", "[::1]"},
-	} {
-		t.Run(tt.serverName, func(t *testing.T) {
+	tests := []struct {
+		name       string
+		cert       rzLeaf
+		serverName string
+		wantHost   string // the Host header of a passed probe; "" if verification fails
+	}{
+		{"wrong server name", pki.serving, "other.example", ""},
+		{"expired certificate", pki.ca.serving(t, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour)), rzServerName, ""},
+		{"unknown CA", otherCA.serving(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour)), rzServerName, ""},
+		{"IPv4 address", byAddress, "127.0.0.1", "127.0.0.1"},
+		{"IPv6 address", byAddress, "::1", "[::1]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var hits atomic.Int32
 			var host atomic.Pointer[string]
-			addr := rzStartHTTPS(t, cert.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			addr := rzStartHTTPS(t, tt.cert.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				hits.Add(1)
 				host.Store(&r.Host)
 				w.WriteHeader(http.StatusOK)
 			}))
 			p := pki.probe()
 			p.serverName = tt.serverName
 			res, _ := rzCheck(p, addr, 2*time.Second)
-			rzWantReady(t, res)
-			if got := host.Load(); got == nil || *got != tt.wantHost {
-				t.Errorf("Host header: got %v; want %q", got, tt.wantHost)
+			if tt.wantHost != "" {
+				rzWantReady(t, res)
+				if got := host.Load(); got == nil || *got != tt.wantHost {
+					t.Errorf("Host header: got %v; want %q", got, tt.wantHost)
+				}
+				return
+			}
+			rzWantFailedProbe(t, res)
+			if _, ok := errors.AsType[*tls.CertificateVerificationError](res.notReady); !ok {
+				t.Errorf("notReady: got %v; want a certificate verification error", res.notReady)
+			}
+			if got := hits.Load(); got != 0 {
+				t.Errorf("requests reaching the server: got %v; want 0", got)
 			}
 		})
 	}
@@ -406,18 +392,6 @@ func TestReadyzProbeBoundedByDeadline(t *testing.T) {
 	}
 }
 
-// rzCountingConn counts the bytes read from the connection it wraps.
-type rzCountingConn struct {
-	net.Conn
-	read atomic.Int64
-}
-
-func (c *rzCountingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	c.read.Add(int64(n))
-	return n, err
-}
-
 // rzEndlessHeader answers any request with a header line that never ends,
 // until the client goes away or 5 s pass.
 func rzEndlessHeader(cert tls.Certificate) func(net.Conn) {
@@ -439,6 +413,10 @@ func rzEndlessHeader(cert tls.Certificate) func(net.Conn) {
 	}
 }
 
+// A status line and headers beyond maxReadyzResponse fail the probe, which
+// reads off the socket no more than the limit, plus the handshake and what
+// crypto/tls reads ahead (a record or two). TestHostileReadyzUpstreams has
+// the bodies, which are not read, and headers of many lines.
 func TestReadyzProbeBoundsResponseSize(t *testing.T) {
 	pki := rzNewPKI(t)
 	endless := startUpstream(t, rzEndlessHeader(pki.serving.pair))
@@ -446,68 +424,31 @@ func TestReadyzProbeBoundsResponseSize(t *testing.T) {
 		w.Header().Set("X-Filler", strings.Repeat("a", 1<<20))
 		w.WriteHeader(http.StatusOK)
 	}))
-	hugeBody := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Length", fmt.Sprint(8<<20))
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(make([]byte, 8<<20))
-	}))
-	endlessBody := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusOK) // chunked: no length
-		buf := make([]byte, 16<<10)
-		for sent := 0; sent < 64<<20 && r.Context().Err() == nil; sent += len(buf) {
-			if _, err := w.Write(buf); err != nil {
-				return
-			}
-		}
-	}))
-	tests := []struct {
-		name     string
-		addr     string
-		mustFail bool // the status line and headers do not fit in the limit
-	}{
-		{"endless header", endless.addr, true},
-		{"1 MiB header", hugeHeader, true},
-		{"8 MiB body", hugeBody, false},
-		{"endless chunked body", endlessBody, false},
-	}
-	// What the probe may read off the socket: the response limit, plus the
-	// handshake and what crypto/tls reads ahead (at most a record or two).
 	const maxRead = 2 * maxReadyzResponse
 	const timeout = time.Second
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			// probe, not check, so the test can count what it reads off
-			// the socket; check is probe on a fresh connection.
-			raw, err := net.DialTimeout("tcp", tt.addr, time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := &rzCountingConn{Conn: raw}
-			defer closeAbortive(raw)
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			defer cancel()
-			start := time.Now()
-			err = pki.probe().probe(ctx, c)
-			elapsed := time.Since(start)
-			if tt.mustFail && err == nil {
-				t.Errorf("probe: got nil error; want a failure, the headers exceed %d bytes", maxReadyzResponse)
-			}
-			if got := c.read.Load(); got > maxRead {
-				t.Errorf("bytes read by the probe: got %d; want at most %d", got, maxRead)
-			}
-			if elapsed >= timeout {
-				t.Errorf("probe took %v; want less than its %v deadline", elapsed, timeout)
-			}
-		})
-	}
-}
-
-func TestReadyzProbeRefused(t *testing.T) {
-	pki := rzNewPKI(t)
-	res, _ := rzCheck(pki.probe(), deadAddr(t), time.Second)
-	if res.err == nil || res.probed || res.notReady != nil {
-		t.Errorf("check of a closed port: got err=%v probed=%v notReady=%v; want a TCP error and no probe",
-			res.err, res.probed, res.notReady)
+	for _, addr := range []string{endless.addr, hugeHeader} {
+		// probe, not check, so the test can count what it reads off the
+		// socket; check is probe on a fresh connection.
+		raw, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &hostileCountingConn{Conn: raw}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		start := time.Now()
+		err = pki.probe().probe(ctx, c)
+		elapsed := time.Since(start)
+		cancel()
+		closeAbortive(raw)
+		if err == nil {
+			t.Errorf("probe: got nil error; want a failure, the headers exceed %d bytes", maxReadyzResponse)
+		}
+		if got := c.read.Load(); got > maxRead {
+			t.Errorf("bytes read by the probe: got %d; want at most %d", got, maxRead)
+		}
+		if elapsed >= timeout {
+			t.Errorf("probe took %v; want less than its %v deadline", elapsed, timeout)
+		}
 	}
 }
 
@@ -655,16 +596,6 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 	}
 }
 
-// rzOpenFDs counts this process's open descriptors.
-func rzOpenFDs(t *testing.T) int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Skipf("no /proc/self/fd: %v", err)
-	}
-	return len(ents)
-}
-
 // rzSettle polls cond for up to d and reports whether it came to hold.
 func rzSettle(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
@@ -699,7 +630,7 @@ func TestReadyzProbeLeaksNothing(t *testing.T) {
 			var verr *tls.CertificateVerificationError
 			return errors.As(r.notReady, &verr)
 		}},
-		{"refused", pki.probe(), refused, func(r checkResult) bool { return r.err != nil && !r.probed }},
+		{"refused", pki.probe(), refused, func(r checkResult) bool { return r.err != nil && !r.probed && r.notReady == nil }},
 	}
 	// A leaked socket is closed by its finalizer once the GC runs, which
 	// would hide the leak; keep the GC off until the count is taken.
@@ -709,7 +640,7 @@ func TestReadyzProbeLeaksNothing(t *testing.T) {
 	for _, k := range kinds {
 		rzCheck(k.probe, k.addr, 2*time.Second)
 	}
-	fdsBefore := rzOpenFDs(t)
+	fdsBefore := procOpenFDs(t)
 	goroutinesBefore := runtime.NumGoroutine()
 
 	const probes = 300
@@ -725,17 +656,11 @@ func TestReadyzProbeLeaksNothing(t *testing.T) {
 		}
 	}
 	const tolerance = 5
-	var fds, goroutines int
-	rzSettle(3*time.Second, func() bool {
-		fds, goroutines = rzOpenFDs(t), runtime.NumGoroutine()
-		return fds <= fdsBefore+tolerance && goroutines <= goroutinesBefore+tolerance
+	fdsMax, goroutinesMax := fdsBefore+tolerance, goroutinesBefore+tolerance
+	waitFor(t, fmt.Sprintf("at most %d descriptors and %d goroutines after %d probes (%d and %d before)",
+		fdsMax, goroutinesMax, probes, fdsBefore, goroutinesBefore), func() bool {
+		return procOpenFDs(t) <= fdsMax && runtime.NumGoroutine() <= goroutinesMax
 	})
-	if fds > fdsBefore+tolerance {
-		t.Errorf("open descriptors after %d probes: got %d; want at most %d (%d before)", probes, fds, fdsBefore+tolerance, fdsBefore)
-	}
-	if goroutines > goroutinesBefore+tolerance {
-		t.Errorf("goroutines after %d probes: got %d; want at most %d (%d before)", probes, goroutines, goroutinesBefore+tolerance, goroutinesBefore)
-	}
 }
 
 // rzReadyGauge returns upstream_ready{upstream=addr} as the registry exports
@@ -743,23 +668,7 @@ func TestReadyzProbeLeaksNothing(t *testing.T) {
 // WithLabelValues, which would create the series it is asked about.
 func rzReadyGauge(t *testing.T, px *testProxy, addr string) (float64, bool) {
 	t.Helper()
-	mfs, err := px.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "extractedprism_upstream_ready" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if lp.GetName() == "upstream" && lp.GetValue() == addr {
-					return m.GetGauge().GetValue(), true
-				}
-			}
-		}
-	}
-	return 0, false
+	return seriesValue(t, px.reg, "extractedprism_upstream_ready", map[string]string{"upstream": addr})
 }
 
 // rzWaitReady waits until the pool exports upstream_ready{addr} == want.
@@ -771,44 +680,15 @@ func rzWaitReady(t *testing.T, px *testProxy, addr string, want float64) {
 	})
 }
 
-// rzClient returns an HTTPS client that opens a new connection through the
-// proxy for every request and verifies the API server behind it.
-func rzClient(t *testing.T, proxyAddr string, roots *x509.CertPool) *http.Client {
-	d := &net.Dialer{Timeout: 5 * time.Second}
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, "tcp", proxyAddr)
-		},
-		TLSClientConfig:   &tls.Config{RootCAs: roots, ServerName: rzServerName},
-		DisableKeepAlives: true,
-	}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr, Timeout: 5 * time.Second}
-}
-
-func rzWhoami(c *http.Client) (string, error) {
-	resp, err := c.Get("https://" + rzServerName + "/whoami")
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("whoami: status %d", resp.StatusCode)
-	}
-	return string(body), nil
-}
-
 // rzSpread makes n connections through the proxy and counts which API
 // server answered each.
-func rzSpread(t *testing.T, c *http.Client, n int) map[string]int {
+func rzSpread(t *testing.T, proxyAddr string, roots *x509.CertPool, n int) map[string]int {
 	t.Helper()
 	got := map[string]int{}
 	for range n {
-		who, err := rzWhoami(c)
+		h := rzHold(t, proxyAddr, roots)
+		who, err := h.whoami()
+		_ = h.tc.Close()
 		if err != nil {
 			t.Fatalf("request through the proxy: %v", err)
 		}
@@ -987,55 +867,33 @@ func rzWantAlive(t *testing.T, h *rzHeld, what, who string) {
 	}
 }
 
+// Selection follows readiness: with no upstream ready the TCP-healthy ones
+// are picked at random, and the pool is still ready; with both ready, both
+// are used; one not ready after failThreshold failed probes gets nothing
+// while the other is ready, and one passed probe makes it ready again.
 func TestReadyzSelectionFollowsReadiness(t *testing.T) {
-	pki := rzNewPKI(t)
-	a := rzStartAPIServer(t, "A", pki.serving.pair)
-	b := rzStartAPIServer(t, "B", pki.serving.pair)
-	probes := rzNewProbeLog(pki.probe().check)
-	px := startProxyCheck(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: time.Second, readyz: true},
-		probes.run, nil, a.addr, b.addr)
-	rzWaitReady(t, px, a.addr, 1)
-	rzWaitReady(t, px, b.addr, 1)
-	client := rzClient(t, px.addr, pki.ca.pool)
-	const n = 20
-
-	if got := rzSpread(t, client, n); got["A"] == 0 || got["B"] == 0 {
-		t.Errorf("connections with A and B ready: got %v; want both to get some", got)
-	}
-
-	a.status.Store(http.StatusInternalServerError)
-	rzWaitReady(t, px, a.addr, 0)
-	if got, _ := probes.trailing(a.addr, false); got < failThreshold {
-		t.Errorf("failed probes in a row before A turned not ready: got %v; want %v", got, failThreshold)
-	}
-	if got := rzSpread(t, client, n); got["B"] != n {
-		t.Errorf("connections with A not ready: got %v; want all %d on B", got, n)
-	}
-
-	a.status.Store(http.StatusOK)
-	rzWaitReady(t, px, a.addr, 1)
-	if got, _ := probes.trailing(a.addr, true); got != 1 {
-		t.Errorf("passed probes before A turned ready again: got %v; want 1", got)
-	}
-	if got := rzSpread(t, client, n); got["A"] == 0 {
-		t.Errorf("connections with A ready again: got %v; want A to get some", got)
-	}
-}
-
-func TestReadyzFallbackToTCPHealthy(t *testing.T) {
 	pki := rzNewPKI(t)
 	a := rzStartAPIServer(t, "A", pki.serving.pair)
 	b := rzStartAPIServer(t, "B", pki.serving.pair)
 	a.status.Store(http.StatusInternalServerError)
 	b.status.Store(http.StatusInternalServerError)
+	probes := rzNewProbeLog(pki.probe().check)
 	px := startProxyCheck(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: time.Second, readyz: true},
-		pki.probe().check, nil, a.addr, b.addr)
+		probes.run, nil, a.addr, b.addr)
+	spread := func() map[string]int { return rzSpread(t, px.addr, pki.ca.pool, 20) }
+	setReady := func(s *rzAPIServer, ready bool) {
+		status, want := http.StatusOK, 1.0
+		if !ready {
+			status, want = http.StatusInternalServerError, 0
+		}
+		s.status.Store(int32(status))
+		rzWaitReady(t, px, s.addr, want)
+	}
 	rzWaitReady(t, px, a.addr, 0)
 	rzWaitReady(t, px, b.addr, 0)
-
 	// Both must be picked at random: the last resort alone would also
 	// connect, but always to the same upstream.
-	if got := rzSpread(t, rzClient(t, px.addr, pki.ca.pool), 20); got["A"] == 0 || got["B"] == 0 {
+	if got := spread(); got["A"] == 0 || got["B"] == 0 {
 		t.Errorf("connections with no upstream ready: got %v; want both TCP-healthy upstreams to get some", got)
 	}
 	if !px.pool.ready() {
@@ -1048,6 +906,26 @@ func TestReadyzFallbackToTCPHealthy(t *testing.T) {
 		if got := testutil.ToFloat64(px.m.healthStatus.WithLabelValues(addr)); got != 1 {
 			t.Errorf("health_check_status{%s}: got %v; want 1", addr, got)
 		}
+	}
+
+	setReady(a, true)
+	setReady(b, true)
+	if got := spread(); got["A"] == 0 || got["B"] == 0 {
+		t.Errorf("connections with A and B ready: got %v; want both to get some", got)
+	}
+	setReady(a, false)
+	if got, _ := probes.trailing(a.addr, false); got < failThreshold {
+		t.Errorf("failed probes in a row before A turned not ready: got %v; want %v", got, failThreshold)
+	}
+	if got := spread(); got["B"] != 20 {
+		t.Errorf("connections with A not ready: got %v; want all on B", got)
+	}
+	setReady(a, true)
+	if got, _ := probes.trailing(a.addr, true); got != 1 {
+		t.Errorf("passed probes before A turned ready again: got %v; want 1", got)
+	}
+	if got := spread(); got["A"] == 0 {
+		t.Errorf("connections with A ready again: got %v; want A to get some", got)
 	}
 }
 
@@ -1075,7 +953,7 @@ func TestReadyzUnreadyConnectionsClosedAfterDrainTimeout(t *testing.T) {
 		t.Errorf("connection to A closed %v after A's first failed probe; want at least the drain timeout (%v)", d, drain)
 	}
 	rzWantAlive(t, r.onB, "connection to B after A's were closed", "B")
-	if got := rzSpread(t, rzClient(t, r.px.addr, r.pki.ca.pool), 10); got["B"] != 10 {
+	if got := rzSpread(t, r.px.addr, r.pki.ca.pool, 10); got["B"] != 10 {
 		t.Errorf("reconnections: got %v; want all on B", got)
 	}
 }
@@ -1137,30 +1015,46 @@ func TestReadyzConnectionReachingUnreadyUpstreamLaterIsClosed(t *testing.T) {
 	}
 }
 
+// rzStalledReadyz serves a /readyz that answers 200 once release is
+// closed, its request is cancelled or 10 s pass; the request's arrival is
+// signalled on the channel returned.
+func rzStalledReadyz(t *testing.T, cert tls.Certificate, release <-chan struct{}) (string, <-chan struct{}) {
+	entered := make(chan struct{}, 1)
+	addr := rzStartHTTPS(t, cert, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	return addr, entered
+}
+
+// rzArrived reports whether entered is signalled within 5 s.
+func rzArrived(entered <-chan struct{}) bool {
+	select {
+	case <-entered:
+		return true
+	case <-time.After(5 * time.Second):
+		return false
+	}
+}
+
 func TestReadyzMetricOnlyAfterFirstProbe(t *testing.T) {
 	t.Run("readyz", func(t *testing.T) {
 		pki := rzNewPKI(t)
-		entered := make(chan struct{}, 1)
 		release := make(chan struct{})
-		addr := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			select {
-			case entered <- struct{}{}:
-			default:
-			}
-			select {
-			case <-release:
-			case <-r.Context().Done():
-			case <-time.After(10 * time.Second):
-			}
-			w.WriteHeader(http.StatusOK)
-		}))
+		addr, entered := rzStalledReadyz(t, pki.serving.pair, release)
 		px := startProxyCheck(t, poolConfig{interval: time.Minute, timeout: 5 * time.Second, drainTimeout: time.Second, readyz: true},
 			pki.probe().check, nil, addr)
 		var once sync.Once
 		t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the proxy's cleanup
-		select {
-		case <-entered:
-		case <-time.After(5 * time.Second):
+		if !rzArrived(entered) {
 			t.Fatal("first probe never reached /readyz")
 		}
 		if v, ok := rzReadyGauge(t, px, addr); ok {
@@ -1197,26 +1091,13 @@ func TestReadyzMetricOnlyAfterFirstProbe(t *testing.T) {
 // when cancelled, and so must the request of a readyz check.
 func TestReadyzPoolCloseInterruptsStalledProbe(t *testing.T) {
 	pki := rzNewPKI(t)
-	entered := make(chan struct{}, 1)
-	addr := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case entered <- struct{}{}:
-		default:
-		}
-		select {
-		case <-r.Context().Done():
-		case <-time.After(10 * time.Second):
-		}
-		w.WriteHeader(http.StatusOK)
-	}))
+	addr, entered := rzStalledReadyz(t, pki.serving.pair, nil)
 	const timeout = 3 * time.Second
 	pl := newPool(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()),
 		poolConfig{interval: time.Minute, timeout: timeout, drainTimeout: time.Second, readyz: true},
 		pki.probe().check, randomSelector{})
 	pl.update([]string{addr})
-	select {
-	case <-entered:
-	case <-time.After(5 * time.Second):
+	if !rzArrived(entered) {
 		pl.close()
 		t.Fatal("first probe never reached /readyz")
 	}

@@ -564,6 +564,20 @@ func (r *soakRig) fault(i, kind int) {
 	}
 }
 
+// allServing reports whether the pool holds every upstream, each healthy,
+// ready and not draining.
+func (r *soakRig) allServing() bool {
+	r.pool.mu.Lock()
+	defer r.pool.mu.Unlock()
+	n := 0
+	for _, u := range r.pool.upstreams {
+		if u.healthy && u.rd.ready && !u.draining {
+			n++
+		}
+	}
+	return n == soakUpstreams && len(r.pool.upstreams) == soakUpstreams
+}
+
 // soakAttached counts the connections the pool holds.
 func soakAttached(p *pool) int {
 	p.mu.Lock()
@@ -621,17 +635,7 @@ func TestSoak(t *testing.T) {
 
 	// Warm up: every upstream checked and ready, twenty connections
 	// through, so lazily built state is part of the running baseline.
-	waitFor(t, "every upstream to be ready", func() bool {
-		r.pool.mu.Lock()
-		defer r.pool.mu.Unlock()
-		n := 0
-		for _, u := range r.pool.upstreams {
-			if u.rd.ready && u.healthy {
-				n++
-			}
-		}
-		return n == soakUpstreams
-	})
+	waitFor(t, "every upstream to be ready", r.allServing)
 	for range 20 {
 		c, _, err := r.dial()
 		if err != nil {
@@ -676,19 +680,7 @@ func TestSoak(t *testing.T) {
 
 	waitFor(t, "connections_active to return to 0", func() bool { return testutil.ToFloat64(r.m.connectionsActive) == 0 })
 	waitFor(t, "the pool to hold no connection", func() bool { return soakAttached(r.pool) == 0 })
-	waitFor(t, "every upstream back and none draining", func() bool {
-		r.pool.mu.Lock()
-		defer r.pool.mu.Unlock()
-		if len(r.pool.upstreams) != soakUpstreams {
-			return false
-		}
-		for _, u := range r.pool.upstreams {
-			if u.draining || !u.rd.ready || !u.healthy {
-				return false
-			}
-		}
-		return true
-	})
+	waitFor(t, "every upstream back and none draining", r.allServing)
 
 	greeted := r.stats.greeted.Load()
 	total := testutil.ToFloat64(r.m.connectionsTotal) - warmTotal

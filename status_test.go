@@ -200,14 +200,7 @@ func TestStatusDefaultAddress(t *testing.T) {
 func TestRunUpstreamsEndpointAndStatusCommand(t *testing.T) {
 	a, b := startUpstream(t, echo), startUpstream(t, echo)
 	d := startDaemon(t, nil, "--endpoints", a.addr+","+b.addr)
-	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := roundTrip(c, []byte("hold")); err != nil {
-		t.Fatal(err)
-	}
+	d.echoThrough(t, "hold")
 	var st []upstreamStatus
 	waitFor(t, "/upstreams to show both upstreams checked", func() bool {
 		code, body := httpGet(d.healthBase + "/upstreams")
