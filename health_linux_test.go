@@ -26,8 +26,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestHealthListenerDefersSilentConnections: on listenHealth's listener a
@@ -39,8 +37,8 @@ func TestHealthListenerDefersSilentConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	accepted := make(chan string, 16) // remote addresses of the connections reported new
-	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
-	srv := serveHealthOn(t, ln, handler, func(s *http.Server) { s.ConnState = reportNew(s.ConnState, accepted) }, slog.New(slog.DiscardHandler))
+	adjust := func(s *http.Server) { s.ConnState = reportState(s.ConnState, http.StateNew, accepted) }
+	srv := serveHealthOn(t, ln, healthyHandler(), adjust, slog.New(slog.DiscardHandler))
 
 	start := time.Now()
 	silent, err := net.DialTimeout("tcp", srv.addr, time.Second)
@@ -79,20 +77,6 @@ func TestHealthListenerDefersSilentConnections(t *testing.T) {
 	}
 	if !probeSeen {
 		t.Error("StateNew of the request's connection: got none; want one")
-	}
-}
-
-// reportNew wraps the ConnState hook track, sending the remote address of
-// every new connection on accepted without blocking.
-func reportNew(track func(net.Conn, http.ConnState), accepted chan<- string) func(net.Conn, http.ConnState) {
-	return func(c net.Conn, state http.ConnState) {
-		track(c, state)
-		if state == http.StateNew {
-			select {
-			case accepted <- c.RemoteAddr().String():
-			default:
-			}
-		}
 	}
 }
 

@@ -32,21 +32,9 @@ func TestHeartbeatAlive(t *testing.T) {
 		wantAlive  bool
 		wantReason string // substring; "" means the reason must be empty
 	}{
-		{
-			name:      "fresh",
-			steps:     func(*heartbeat) {},
-			wantAlive: true,
-		},
-		{
-			name:      "silent for exactly the threshold",
-			steps:     func(*heartbeat) { time.Sleep(threshold) },
-			wantAlive: true,
-		},
-		{
-			name:       "silent just past the threshold",
-			steps:      func(*heartbeat) { time.Sleep(threshold + time.Nanosecond) },
-			wantReason: "no heartbeat for 15.000000001s",
-		},
+		{name: "fresh", steps: func(*heartbeat) {}, wantAlive: true},
+		{name: "silent for exactly the threshold", steps: func(*heartbeat) { time.Sleep(threshold) }, wantAlive: true},
+		{name: "silent just past the threshold", steps: func(*heartbeat) { time.Sleep(threshold + time.Nanosecond) }, wantReason: "no heartbeat for 15.000000001s"},
 		{
 			name: "beat revives",
 			steps: func(h *heartbeat) {
@@ -115,14 +103,14 @@ func TestHeartbeatConcurrent(t *testing.T) {
 	}
 }
 
-func TestHealthHandlerMethods(t *testing.T) {
+// TestHealthHandlerRoutes holds every path to the method rules of readOnly
+// and every other path to 404.
+func TestHealthHandlerRoutes(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(prometheus.NewCounter(prometheus.CounterOpts{Name: "test_total", Help: "Test."}))
-	handler := newHealthHandler(
-		func() (bool, string) { return true, "" },
-		func() bool { return true },
-		reg,
-	)
+	counter := prometheus.NewCounter(prometheus.CounterOpts{Name: "test_events_total", Help: "Test events."})
+	reg.MustRegister(counter)
+	counter.Add(3)
+	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, reg)
 	srv := startHealthServer(t, handler, nil)
 	client := newTestClient(t)
 
@@ -157,108 +145,66 @@ func TestHealthHandlerMethods(t *testing.T) {
 				if m.method == http.MethodGet && path != "/metrics" && body != "ok\n" {
 					t.Errorf("body: got %q; want %q", body, "ok\n")
 				}
+				if m.method == http.MethodGet && path == "/metrics" && !strings.Contains(body, "\ntest_events_total 3\n") {
+					t.Errorf("body: got %q; want the counter's value", body)
+				}
 			})
+		}
+	}
+	for _, r := range []string{"GET /", "GET /healthz/", "GET /healthzz", "GET /readyz/extra", "GET /HEALTHZ", "POST /nope", "OPTIONS /nope"} {
+		method, path, _ := strings.Cut(r, " ")
+		if code, _, _ := do(t, client, method, srv.url+path); code != http.StatusNotFound {
+			t.Errorf("%s: got %d; want %d", r, code, http.StatusNotFound)
 		}
 	}
 }
 
-func TestHealthHandlerUnknownPath(t *testing.T) {
-	handler := newHealthHandler(
-		func() (bool, string) { return true, "" },
-		func() bool { return true },
-		prometheus.NewRegistry(),
-	)
-	srv := startHealthServer(t, handler, nil)
-	client := newTestClient(t)
-
-	tests := []struct {
-		method string
-		path   string
-	}{
-		{http.MethodGet, "/"},
-		{http.MethodGet, "/healthz/"},
-		{http.MethodGet, "/healthzz"},
-		{http.MethodGet, "/readyz/extra"},
-		{http.MethodGet, "/HEALTHZ"},
-		{http.MethodPost, "/nope"},
-		{http.MethodOptions, "/nope"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
-			if code, _, _ := do(t, client, tt.method, srv.url+tt.path); code != http.StatusNotFound {
-				t.Errorf("status: got %d; want %d", code, http.StatusNotFound)
-			}
-		})
-	}
-}
-
-func TestHealthzReportsFailure(t *testing.T) {
+// TestProbesFollowState asks /healthz and /readyz on one server as the
+// daemon's state changes: each answers 200 "ok" while its check holds and
+// 503 with its reason otherwise, HEAD without a body, and neither follows
+// the other's state.
+func TestProbesFollowState(t *testing.T) {
 	var failure atomic.Pointer[string]
+	var ready atomic.Bool
 	live := func() (bool, string) {
 		if r := failure.Load(); r != nil {
 			return false, *r
 		}
 		return true, ""
 	}
-	handler := newHealthHandler(live, func() bool { return true }, prometheus.NewRegistry())
-	srv := startHealthServer(t, handler, nil)
+	srv := startHealthServer(t, newHealthHandler(live, ready.Load, prometheus.NewRegistry()), nil)
 	client := newTestClient(t)
 
-	// Sequential steps on one server: a failure stays set, so order matters.
+	const failed, notReady = "no heartbeat for 20s\n", "no healthy upstream\n"
 	steps := []struct {
-		name     string
-		fail     string // the liveness failure set from this step on, unless empty
-		method   string
-		wantCode int
-		wantBody string
+		fail         string // the liveness failure; "" means live
+		ready        bool
+		method, path string
+		wantCode     int
+		wantBody     string
 	}{
-		{"live", "", http.MethodGet, http.StatusOK, "ok\n"},
-		{"live HEAD", "", http.MethodHead, http.StatusOK, ""},
-		{"failed", "no heartbeat for 20s", http.MethodGet, http.StatusServiceUnavailable, "no heartbeat for 20s\n"},
-		{"failed HEAD", "", http.MethodHead, http.StatusServiceUnavailable, ""},
-		{"still failed", "", http.MethodGet, http.StatusServiceUnavailable, "no heartbeat for 20s\n"},
+		{"", false, http.MethodGet, "/healthz", http.StatusOK, "ok\n"},
+		{"", false, http.MethodHead, "/healthz", http.StatusOK, ""},
+		{"", false, http.MethodGet, "/readyz", http.StatusServiceUnavailable, notReady},
+		{"", true, http.MethodGet, "/readyz", http.StatusOK, "ok\n"},
+		{"no heartbeat for 20s", true, http.MethodGet, "/healthz", http.StatusServiceUnavailable, failed},
+		{"no heartbeat for 20s", true, http.MethodHead, "/healthz", http.StatusServiceUnavailable, ""},
+		{"no heartbeat for 20s", true, http.MethodGet, "/readyz", http.StatusOK, "ok\n"},
+		{"no heartbeat for 20s", false, http.MethodGet, "/readyz", http.StatusServiceUnavailable, notReady},
+		{"no heartbeat for 20s", false, http.MethodHead, "/readyz", http.StatusServiceUnavailable, ""},
+		{"", false, http.MethodGet, "/healthz", http.StatusOK, "ok\n"},
 	}
-	for _, s := range steps {
-		t.Run(s.name, func(t *testing.T) {
-			if s.fail != "" {
-				failure.Store(&s.fail)
-			}
-			code, _, body := do(t, client, s.method, srv.url+"/healthz")
-			if code != s.wantCode {
-				t.Errorf("status: got %d; want %d", code, s.wantCode)
-			}
-			if body != s.wantBody {
-				t.Errorf("body: got %q; want %q", body, s.wantBody)
-			}
-		})
-	}
-}
-
-func TestReadyzFollowsReady(t *testing.T) {
-	var ready atomic.Bool
-	handler := newHealthHandler(func() (bool, string) { return true, "" }, ready.Load, prometheus.NewRegistry())
-	srv := startHealthServer(t, handler, nil)
-	client := newTestClient(t)
-
-	// Sequential steps on one server: each flips the state the previous
-	// one left.
-	steps := []struct {
-		name     string
-		ready    bool
-		wantCode int
-	}{
-		{"not ready at start", false, http.StatusServiceUnavailable},
-		{"ready", true, http.StatusOK},
-		{"not ready again", false, http.StatusServiceUnavailable},
-		{"ready again", true, http.StatusOK},
-	}
-	for _, s := range steps {
-		t.Run(s.name, func(t *testing.T) {
-			ready.Store(s.ready)
-			if code, _, _ := do(t, client, http.MethodGet, srv.url+"/readyz"); code != s.wantCode {
-				t.Errorf("status: got %d; want %d", code, s.wantCode)
-			}
-		})
+	for i, s := range steps {
+		failure.Store(nil)
+		if s.fail != "" {
+			failure.Store(&s.fail)
+		}
+		ready.Store(s.ready)
+		code, _, body := do(t, client, s.method, srv.url+s.path)
+		if code != s.wantCode || body != s.wantBody {
+			t.Errorf("step %d, %s %s (failure %q, ready %v): got %d %q; want %d %q",
+				i, s.method, s.path, s.fail, s.ready, code, body, s.wantCode, s.wantBody)
+		}
 	}
 }
 
@@ -271,41 +217,18 @@ func (c brokenCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.NewInvalidMetric(c.desc, errors.New("collector broke"))
 }
 
-func TestMetricsEndpoint(t *testing.T) {
-	okReg := prometheus.NewRegistry()
-	counter := prometheus.NewCounter(prometheus.CounterOpts{Name: "test_events_total", Help: "Test events."})
-	okReg.MustRegister(counter)
-	counter.Add(3)
-
-	// A good metric next to the broken one: the scrape must still fail,
-	// not serve a partial page.
-	brokenReg := prometheus.NewRegistry()
-	brokenReg.MustRegister(
+// A broken collector next to a good metric fails the scrape rather than
+// serve a partial page.
+func TestMetricsGatheringErrorFailsScrape(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
 		prometheus.NewCounter(prometheus.CounterOpts{Name: "test_good_total", Help: "Test."}),
 		brokenCollector{prometheus.NewDesc("test_broken", "Broken.", nil, nil)},
 	)
-
-	tests := []struct {
-		name     string
-		gatherer prometheus.Gatherer
-		wantCode int
-		wantBody string
-	}{
-		{"counter value", okReg, http.StatusOK, "\ntest_events_total 3\n"},
-		{"gathering error fails the scrape", brokenReg, http.StatusInternalServerError, "collector broke"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, tt.gatherer)
-			srv := startHealthServer(t, handler, nil)
-			code, _, body := do(t, newTestClient(t), http.MethodGet, srv.url+"/metrics")
-			if code != tt.wantCode {
-				t.Errorf("status: got %d; want %d", code, tt.wantCode)
-			}
-			if !strings.Contains(body, tt.wantBody) {
-				t.Errorf("body: got %q; want it to contain %q", body, tt.wantBody)
-			}
-		})
+	srv := startHealthServer(t, newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, reg), nil)
+	code, _, body := do(t, newTestClient(t), http.MethodGet, srv.url+"/metrics")
+	if code != http.StatusInternalServerError || !strings.Contains(body, "collector broke") {
+		t.Errorf("got %d %q; want %d with the gathering error", code, body, http.StatusInternalServerError)
 	}
 }
 
@@ -313,21 +236,15 @@ func TestNewHealthServerLimits(t *testing.T) {
 	srv := newHealthServer("127.0.0.1:7446", http.NotFoundHandler(), slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()))
 	// The slow-client tests shorten these to run quickly, so this is where
 	// the daemon's own values are checked.
-	durations := []struct {
-		name      string
-		got, want time.Duration
-	}{
-		{"ReadHeaderTimeout", srv.ReadHeaderTimeout, healthReadHeaderTimeout},
-		{"ReadTimeout", srv.ReadTimeout, healthReadTimeout},
-		{"WriteTimeout", srv.WriteTimeout, healthWriteTimeout},
-		{"IdleTimeout", srv.IdleTimeout, healthIdleTimeout},
-	}
-	for _, d := range durations {
-		t.Run(d.name, func(t *testing.T) {
-			if d.got != d.want || d.got <= 0 {
-				t.Errorf("got %v; want %v, positive", d.got, d.want)
-			}
-		})
+	for name, d := range map[string][2]time.Duration{
+		"ReadHeaderTimeout": {srv.ReadHeaderTimeout, healthReadHeaderTimeout},
+		"ReadTimeout":       {srv.ReadTimeout, healthReadTimeout},
+		"WriteTimeout":      {srv.WriteTimeout, healthWriteTimeout},
+		"IdleTimeout":       {srv.IdleTimeout, healthIdleTimeout},
+	} {
+		if d[0] != d[1] || d[0] <= 0 {
+			t.Errorf("%s: got %v; want %v, positive", name, d[0], d[1])
+		}
 	}
 	if srv.ReadHeaderTimeout > srv.ReadTimeout {
 		t.Errorf("ReadHeaderTimeout: got %v; want at most ReadTimeout %v", srv.ReadHeaderTimeout, srv.ReadTimeout)
@@ -345,17 +262,15 @@ func TestHealthServerErrorLog(t *testing.T) {
 	var buf lockedBuffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	panicky := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("handler bug") })
-	srv := startHealthServerWithLog(t, panicky, nil, log)
-
-	// The server recovers the panic, logs it, then drops the connection,
-	// so the request fails; only the log matters here.
-	req, err := http.NewRequest(http.MethodGet, srv.url+"/", nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := newTestClient(t).Do(req); err == nil {
-		resp.Body.Close()
-	}
+	srv := serveHealthOn(t, ln, panicky, nil, log)
+
+	// The server recovers the panic, logs it, then drops the connection,
+	// so the request fails; only the log matters here.
+	_, _, _ = hostileExchange(srv.addr, "GET / HTTP/1.1\r\nHost: t\r\n\r\n", 5*time.Second) //nolint:bodyclose // hostileExchange read and closed it
 	if err := srv.stop(t); err != nil {
 		t.Fatalf("serveHealth: got %v; want nil", err)
 	}
@@ -368,30 +283,15 @@ func TestHealthServerErrorLog(t *testing.T) {
 }
 
 func TestServeHealthShutdownWithIdleConnection(t *testing.T) {
-	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
-	srv := startHealthServer(t, handler, nil)
-
-	// A keep-alive connection that has finished its request and stays open,
-	// as Prometheus leaves it between scrapes.
-	conn, err := net.Dial("tcp", srv.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.Close {
-		t.Fatal("response closes the connection; want keep-alive")
+	srv := startHealthServer(t, healthyHandler(), nil)
+	// A keep-alive connection that has finished its requests and stays
+	// open, as Prometheus leaves it between scrapes; the second request
+	// shows it kept alive.
+	k := dialKeepAlive(t, srv.addr)
+	for range 2 {
+		if code, err := k.get("/healthz"); err != nil || code != http.StatusOK {
+			t.Fatalf("request on a kept-alive connection: got %d, %v; want %d", code, err, http.StatusOK)
+		}
 	}
 
 	start := time.Now()
@@ -403,47 +303,15 @@ func TestServeHealthShutdownWithIdleConnection(t *testing.T) {
 	}
 
 	// Shutdown closes idle connections instead of waiting for the client.
-	if err := conn.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+	if err := k.c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := br.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+	if n, err := k.br.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Errorf("read after shutdown: got %d, %v; want 0, EOF", n, err)
 	}
 	if c, err := net.Dial("tcp", srv.addr); err == nil {
 		c.Close()
 		t.Error("dial after shutdown: got a connection; want the listener closed")
-	}
-}
-
-func TestHealthServerCutsOffSlowHeaders(t *testing.T) {
-	const readHeaderTimeout = 200 * time.Millisecond
-	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
-	srv := startHealthServer(t, handler, func(s *http.Server) { s.ReadHeaderTimeout = readHeaderTimeout })
-
-	conn, err := net.Dial("tcp", srv.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	// Part of the headers, then nothing: the end of the header block never
-	// comes.
-	start := time.Now()
-	if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: test\r\nX-Slow: "); err != nil {
-		t.Fatal(err)
-	}
-	// Well below the production ReadHeaderTimeout, so only the shortened
-	// timeout can end the connection in time.
-	const clientDeadline = 3 * time.Second
-	if err := conn.SetReadDeadline(start.Add(clientDeadline)); err != nil {
-		t.Fatal(err)
-	}
-	_, err = io.ReadAll(conn)
-	elapsed := time.Since(start)
-	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-		t.Fatalf("connection still open after %v; want it closed after ReadHeaderTimeout %v", elapsed, readHeaderTimeout)
-	}
-	if elapsed < readHeaderTimeout/2 {
-		t.Errorf("connection closed after: got %v (err %v); want about ReadHeaderTimeout %v", elapsed, err, readHeaderTimeout)
 	}
 }
 
@@ -472,13 +340,8 @@ func TestServeHealthForcesCloseAfterDeadline(t *testing.T) {
 			close(entered)
 			<-release
 		})
-		log := slog.New(slog.DiscardHandler)
 		ln := newPipeListener()
-		srv := newHealthServer("pipe", stuck, log, newMetrics(prometheus.NewRegistry()))
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error, 1)
-		go func() { done <- serveHealth(ctx, srv, ln, log) }()
-
+		stop := servePipe(t, ln, stuck, slog.New(slog.DiscardHandler))
 		conn := ln.dial()
 		defer conn.Close()
 		if _, err := io.WriteString(conn, "GET /stuck HTTP/1.1\r\nHost: test\r\n\r\n"); err != nil {
@@ -487,8 +350,7 @@ func TestServeHealthForcesCloseAfterDeadline(t *testing.T) {
 		<-entered
 
 		start := time.Now()
-		cancel()
-		err := <-done
+		err := stop()
 		elapsed := time.Since(start)
 		if err != nil {
 			t.Errorf("serveHealth: got %v; want nil", err)
@@ -512,13 +374,8 @@ func TestServeHealthSurvivesAcceptErrors(t *testing.T) {
 		log := slog.New(slog.NewTextHandler(&buf, nil))
 		ln := &failingListener{pipeListener: newPipeListener()}
 		ln.failures.Store(5)
-		handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
-		srv := newHealthServer("pipe", handler, log, newMetrics(prometheus.NewRegistry()))
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan error, 1)
 		start := time.Now()
-		go func() { done <- serveHealth(ctx, srv, ln, log) }()
-
+		stop := servePipe(t, ln, healthyHandler(), log)
 		conn := ln.dial()
 		defer conn.Close()
 		if _, err := io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"); err != nil {
@@ -540,8 +397,7 @@ func TestServeHealthSurvivesAcceptErrors(t *testing.T) {
 		if n := ln.failures.Load(); n > 0 {
 			t.Errorf("accept failures left: got %d; want 0", n)
 		}
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("serveHealth: got %v; want nil", err)
 		}
 		got := buf.String()
@@ -570,68 +426,26 @@ func TestConnCap(t *testing.T) {
 		aClosed, bClosed, cClosed    = report{"a", http.StateClosed}, report{"b", http.StateClosed}, report{"c", http.StateClosed}
 		bHijacked                    = report{"b", http.StateHijacked}
 	)
+	// Every case ends with the cap full: two connections counted.
 	tests := []struct {
 		name                 string
 		reports              []report
 		wantClosed           []string // by the cap, sorted; a name twice if closed twice
 		wantWaiting, wantNew float64  // health_connections_closed_total by reason
-		wantCounted          int      // the connections the cap holds at the end
 	}{
-		{
-			name:        "below the cap nothing is closed",
-			reports:     []report{aNew, bNew},
-			wantCounted: 2,
-		},
-		{
-			name:        "at the cap the longest unread is closed",
-			reports:     []report{aNew, bNew, cNew},
-			wantClosed:  []string{"a"},
-			wantWaiting: 1, wantCounted: 2,
-		},
-		{
-			name:        "an idle connection waits from when it went idle",
-			reports:     []report{aNew, bNew, aActive, aIdle, cNew},
-			wantClosed:  []string{"b"},
-			wantWaiting: 1, wantCounted: 2,
-		},
-		{
-			name:        "the longest idle goes before a newer unread one",
-			reports:     []report{aNew, aActive, aIdle, bNew, cNew},
-			wantClosed:  []string{"a"},
-			wantWaiting: 1, wantCounted: 2,
-		},
-		{
-			name:        "never one inside a request",
-			reports:     []report{aNew, aActive, bNew, cNew},
-			wantClosed:  []string{"b"},
-			wantWaiting: 1, wantCounted: 2,
-		},
-		{
-			name:       "all inside requests: the new one is closed",
-			reports:    []report{aNew, aActive, bNew, bActive, cNew},
-			wantClosed: []string{"c"},
-			wantNew:    1, wantCounted: 2,
-		},
-		{
-			name:        "a closed or hijacked connection frees its slot",
-			reports:     []report{aNew, bNew, aClosed, bHijacked, cNew, dNew},
-			wantCounted: 2,
-		},
-		{
-			name:        "a connection the cap closed stops counting at once",
-			reports:     []report{aNew, bNew, cNew, bClosed, dNew},
-			wantClosed:  []string{"a"},
-			wantWaiting: 1, wantCounted: 2,
-		},
-		{
-			// Its serving goroutine may have read part of a request when
-			// the cap closed it, and reports StateActive, and an idle one
-			// may report StateIdle, before StateClosed.
-			name:        "the later reports of a connection the cap closed do not count it again",
-			reports:     []report{aNew, bNew, cNew, aActive, aIdle, bClosed, cClosed, dNew, eNew, aClosed},
-			wantClosed:  []string{"a"},
-			wantWaiting: 1, wantCounted: 2,
-		},
+		{"below the cap nothing is closed", []report{aNew, bNew}, nil, 0, 0},
+		{"at the cap the longest unread is closed", []report{aNew, bNew, cNew}, []string{"a"}, 1, 0},
+		{"an idle connection waits from when it went idle", []report{aNew, bNew, aActive, aIdle, cNew}, []string{"b"}, 1, 0},
+		{"the longest idle goes before a newer unread one", []report{aNew, aActive, aIdle, bNew, cNew}, []string{"a"}, 1, 0},
+		{"never one inside a request", []report{aNew, aActive, bNew, cNew}, []string{"b"}, 1, 0},
+		{"all inside requests: the new one is closed", []report{aNew, aActive, bNew, bActive, cNew}, []string{"c"}, 0, 1},
+		{"a closed or hijacked connection frees its slot", []report{aNew, bNew, aClosed, bHijacked, cNew, dNew}, nil, 0, 0},
+		{"a connection the cap closed stops counting at once", []report{aNew, bNew, cNew, bClosed, dNew}, []string{"a"}, 1, 0},
+		// Its serving goroutine may have read part of a request when the
+		// cap closed it, and reports StateActive, and an idle one may
+		// report StateIdle, before StateClosed.
+		{"the later reports of a connection the cap closed do not count it again",
+			[]report{aNew, bNew, cNew, aActive, aIdle, bClosed, cClosed, dNew, eNew, aClosed}, []string{"a"}, 1, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -653,15 +467,11 @@ func TestConnCap(t *testing.T) {
 			if !slices.Equal(closed, tt.wantClosed) {
 				t.Errorf("closed: got %q; want %q", closed, tt.wantClosed)
 			}
-			for reason, want := range map[string]float64{reasonWaiting: tt.wantWaiting, reasonNew: tt.wantNew} {
-				if got := testutil.ToFloat64(m.healthConnsClosed.WithLabelValues(reason)); got != want {
-					t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
-				}
-			}
+			wantClosedAtCap(t, m, tt.wantWaiting, tt.wantNew)
 			cc.mu.Lock()
 			defer cc.mu.Unlock()
-			if got := len(cc.members); got != tt.wantCounted {
-				t.Errorf("connections counted: got %d; want %d", got, tt.wantCounted)
+			if got := len(cc.members); got != 2 {
+				t.Errorf("connections counted: got %d; want 2", got)
 			}
 		})
 	}
@@ -760,11 +570,10 @@ func TestConnCapClosesItsPickBeforeItsNextReport(t *testing.T) {
 // a local process hoarding connections would. Each one past the cap closes
 // the oldest, and a probe from a new client is still answered at once.
 func TestHealthServerCapClosesOldestIdle(t *testing.T) {
-	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
 	// Each connection is known idle before the next one opens, so which
 	// is oldest is well defined.
-	idle := make(chan struct{}, 1)
-	srv := startHealthServer(t, handler, func(s *http.Server) { s.ConnState = reportIdle(s.ConnState, idle) })
+	idle := make(chan string, 1)
+	srv := startHealthServer(t, healthyHandler(), func(s *http.Server) { s.ConnState = reportState(s.ConnState, http.StateIdle, idle) })
 
 	conns := make([]*keepAliveConn, 2*healthMaxConns)
 	for i := range conns {
@@ -802,21 +611,17 @@ func TestHealthServerCapClosesOldestIdle(t *testing.T) {
 				healthMaxConns+1+i, len(conns), code, err, http.StatusOK)
 		}
 	}
-	for reason, want := range map[string]float64{reasonWaiting: healthMaxConns + 1, reasonNew: 0} {
-		if got := testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reason)); got != want {
-			t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
-		}
-	}
+	wantClosedAtCap(t, srv.m, healthMaxConns+1, 0)
 }
 
-// reportIdle wraps the ConnState hook track, sending on idle, without
-// blocking, whenever a connection turns idle.
-func reportIdle(track func(net.Conn, http.ConnState), idle chan<- struct{}) func(net.Conn, http.ConnState) {
+// reportState wraps the ConnState hook track, sending the remote address
+// of every connection that enters want on ch, without blocking.
+func reportState(track func(net.Conn, http.ConnState), want http.ConnState, ch chan<- string) func(net.Conn, http.ConnState) {
 	return func(c net.Conn, state http.ConnState) {
 		track(c, state)
-		if state == http.StateIdle {
+		if state == want {
 			select {
-			case idle <- struct{}{}:
+			case ch <- c.RemoteAddr().String():
 			default:
 			}
 		}
@@ -839,7 +644,7 @@ func TestHealthServerCapClosesNewWhenAllInRequests(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	mux.Handle("/", newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry()))
+	mux.Handle("/", healthyHandler())
 	srv := startHealthServer(t, mux, nil)
 	var releaseOnce sync.Once
 	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
@@ -868,11 +673,7 @@ func TestHealthServerCapClosesNewWhenAllInRequests(t *testing.T) {
 	if !extra.closed(time.Now().Add(3 * time.Second)) {
 		t.Error("new connection with every connection inside a request: got it open or answered; want it closed unanswered")
 	}
-	for reason, want := range map[string]float64{reasonWaiting: 0, reasonNew: 1} {
-		if got := testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reason)); got != want {
-			t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
-		}
-	}
+	wantClosedAtCap(t, srv.m, 0, 1)
 
 	releaseAll()
 	for i, k := range busy {
@@ -882,6 +683,16 @@ func TestHealthServerCapClosesNewWhenAllInRequests(t *testing.T) {
 	}
 	if code, _, _ := do(t, newTestClient(t), http.MethodGet, srv.url+"/healthz"); code != http.StatusOK {
 		t.Errorf("probe after release: got %d; want %d", code, http.StatusOK)
+	}
+}
+
+// wantClosedAtCap checks health_connections_closed_total in m by reason.
+func wantClosedAtCap(t *testing.T, m *metrics, waiting, newConn float64) {
+	t.Helper()
+	for reason, want := range map[string]float64{reasonWaiting: waiting, reasonNew: newConn} {
+		if got := testutil.ToFloat64(m.healthConnsClosed.WithLabelValues(reason)); got != want {
+			t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
+		}
 	}
 }
 
@@ -1020,6 +831,22 @@ type pipeAddr struct{}
 func (pipeAddr) Network() string { return "pipe" }
 func (pipeAddr) String() string  { return "pipe" }
 
+// servePipe runs serveHealth of handler on ln, a listener of in-memory
+// connections; stop cancels it and returns what serveHealth returned.
+func servePipe(t *testing.T, ln net.Listener, handler http.Handler, log *slog.Logger) (stop func() error) {
+	srv := newHealthServer("pipe", handler, log, newMetrics(prometheus.NewRegistry()))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- serveHealth(ctx, srv, ln, log) }()
+	return func() error { cancel(); return <-done }
+}
+
+// healthyHandler is newHealthHandler of a live, ready daemon with an empty
+// registry.
+func healthyHandler() *http.ServeMux {
+	return newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
+}
+
 // testHealthServer is a health server on a real loopback socket, run by
 // serveHealth in a goroutine the test owns.
 type testHealthServer struct {
@@ -1038,19 +865,15 @@ type testHealthServer struct {
 // The server is stopped when the test ends.
 func startHealthServer(t *testing.T, handler http.Handler, adjust func(*http.Server)) *testHealthServer {
 	t.Helper()
-	return startHealthServerWithLog(t, handler, adjust, slog.New(slog.DiscardHandler))
-}
-
-func startHealthServerWithLog(t *testing.T, handler http.Handler, adjust func(*http.Server), log *slog.Logger) *testHealthServer {
-	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serveHealthOn(t, ln, handler, adjust, log)
+	return serveHealthOn(t, ln, handler, adjust, slog.New(slog.DiscardHandler))
 }
 
-// serveHealthOn is startHealthServerWithLog on a listener of the caller's.
+// serveHealthOn is startHealthServer on a listener of the caller's, logging
+// to log.
 func serveHealthOn(t *testing.T, ln net.Listener, handler http.Handler, adjust func(*http.Server), log *slog.Logger) *testHealthServer {
 	t.Helper()
 	m := newMetrics(prometheus.NewRegistry())
@@ -1146,33 +969,21 @@ func (b *lockedBuffer) String() string {
 // otherwise stay inside a request, where the cap never closes them, for the
 // read timeout, and the cap would close every probe meanwhile.
 func TestHealthServerDropsBodies(t *testing.T) {
-	handler := newHealthHandler(func() (bool, string) { return true, "" }, func() bool { return true }, prometheus.NewRegistry())
-	srv := startHealthServer(t, handler, nil)
+	srv := startHealthServer(t, healthyHandler(), nil)
 	for _, req := range []string{
 		"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n",
 		"GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
 	} {
-		c, err := net.Dial("tcp", srv.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		k := dialKeepAlive(t, srv.addr)
 		start := time.Now()
-		_ = c.SetDeadline(start.Add(5 * time.Second))
-		if _, err := c.Write([]byte(req)); err != nil {
+		if _, err := io.WriteString(k.c, req); err != nil {
 			t.Fatal(err)
 		}
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Fatalf("%q: %v", req, err)
+		if code, err := k.response(); err != nil || code != http.StatusOK {
+			t.Errorf("%q: got %d, %v; want 200", req, code, err)
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("%q: got %d; want 200", req, resp.StatusCode)
-		}
-		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Errorf("%q: connection still open after the reply: %v", req, err)
+		if !k.closed(start.Add(5 * time.Second)) {
+			t.Errorf("%q: connection still open after the reply", req)
 		}
 		if d := time.Since(start); d > time.Second {
 			t.Errorf("%q: the connection was held %v; want it closed at once", req, d)

@@ -21,7 +21,6 @@ import (
 	"testing/synctest"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/client-go/kubernetes/fake"
 )
 
 var (
@@ -75,22 +74,15 @@ func (r *descRecorder) MustRegister(cs ...prometheus.Collector) {
 
 func (r *descRecorder) Unregister(prometheus.Collector) bool { return false }
 
-// describe returns the descriptors c sends. Describe blocks on the channel,
-// so it runs in its own goroutine, which closes the channel when Describe
-// returns; the range below waits for that.
+// describe returns the descriptors c sends.
 func describe(c prometheus.Collector) []*prometheus.Desc {
 	ch := make(chan *prometheus.Desc)
-	go describeInto(c, ch)
+	go func() { c.Describe(ch); close(ch) }()
 	var descs []*prometheus.Desc
 	for d := range ch {
 		descs = append(descs, d)
 	}
 	return descs
-}
-
-func describeInto(c prometheus.Collector, ch chan<- *prometheus.Desc) {
-	defer close(ch)
-	c.Describe(ch)
 }
 
 // Desc.String() reads
@@ -509,19 +501,27 @@ func TestObservabilityAlertExprScan(t *testing.T) {
 	}
 }
 
-func TestObservabilityAlerts(t *testing.T) {
-	registered := registeredMetrics(t)
+// readAlerts returns the alert names and their exprs in the rule file, in
+// order; one expr per alert, or the scan missed one.
+func readAlerts(t *testing.T) (names, exprs []string) {
+	t.Helper()
 	data, err := os.ReadFile(alertsPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := string(data)
-	exprs := alertExprs(text)
-	// One expr per alert, or the scan missed one.
-	alerts := regexp.MustCompile(`(?m)^\s*-?\s*alert:`).FindAllString(text, -1)
-	if len(exprs) == 0 || len(exprs) != len(alerts) {
-		t.Fatalf("found %d exprs for %d alerts in %s", len(exprs), len(alerts), alertsPath)
+	for _, m := range regexp.MustCompile(`(?m)^\s*-?\s*alert:\s*(\S+)`).FindAllStringSubmatch(string(data), -1) {
+		names = append(names, m[1])
 	}
+	exprs = alertExprs(string(data))
+	if len(exprs) == 0 || len(exprs) != len(names) {
+		t.Fatalf("found %d exprs for %d alerts in %s", len(exprs), len(names), alertsPath)
+	}
+	return names, exprs
+}
+
+func TestObservabilityAlerts(t *testing.T) {
+	registered := registeredMetrics(t)
+	_, exprs := readAlerts(t)
 	for _, expr := range exprs {
 		if expr == "" {
 			t.Errorf("%s: empty expr", alertsPath)
@@ -578,25 +578,12 @@ func selectSeries(t *testing.T, g prometheus.Gatherer, name string, labels map[s
 	return found
 }
 
-// alertExpr returns the expr of the alert named name in the rule file,
-// pairing the alert: lines with alertExprs in order (TestObservabilityAlerts
-// checks there is one expr per alert).
+// alertExpr returns the expr of the alert named name in the rule file.
 func alertExpr(t *testing.T, name string) string {
 	t.Helper()
-	data, err := os.ReadFile(alertsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(data)
-	names := regexp.MustCompile(`(?m)^\s*-?\s*alert:\s*(\S+)`).FindAllStringSubmatch(text, -1)
-	exprs := alertExprs(text)
-	if len(names) != len(exprs) {
-		t.Fatalf("found %d exprs for %d alerts in %s", len(exprs), len(names), alertsPath)
-	}
-	for i, n := range names {
-		if n[1] == name {
-			return exprs[i]
-		}
+	names, exprs := readAlerts(t)
+	if i := slices.Index(names, name); i >= 0 {
+		return exprs[i]
 	}
 	t.Fatalf("%s: no alert %s", alertsPath, name)
 	return ""
@@ -671,7 +658,8 @@ func TestObservabilityFiringSeries(t *testing.T) {
 // TestObservabilityDiscoveryNotRunningAlert evaluates the rule's expression
 // over what the daemon exports: it holds for the kubernetes provider when
 // discovery is enabled and could not start, or stopped; not when discovery
-// is off or runs.
+// is off or runs (discovery_running is the merged provider's, whatever the
+// provider: TestMergedReportsRunningProviders).
 func TestObservabilityDiscoveryNotRunningAlert(t *testing.T) {
 	expr := alertExpr(t, "ExtractedprismDiscoveryNotRunning")
 	wantKube := func(t *testing.T, got []series) {
@@ -694,23 +682,6 @@ func TestObservabilityDiscoveryNotRunningAlert(t *testing.T) {
 		if got := firingSeries(t, expr, reg); len(got) != 0 {
 			t.Errorf("%s holds for %v; want nothing", expr, got)
 		}
-	})
-	t.Run("discovery runs", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			reg := prometheus.NewRegistry()
-			m := newMetrics(reg)
-			client := fake.NewClientset(kubeSlice("kubernetes", "1", "10.0.0.2"))
-			kube := newKubeWatcher(fakeSlices{client}, testLogger(t), m, func() float64 { return 0 })
-			h := startMergedOn(t, reg, m, []string{"10.0.0.1:6443"}, nil, kube)
-			sent := h.sent()
-			if len(sent) == 0 || !slices.Equal(sent[len(sent)-1], []string{"10.0.0.1:6443", "10.0.0.2:6443"}) {
-				t.Fatalf("sent %q; want the discovered endpoint to join the static one", sent)
-			}
-			if got := firingSeries(t, expr, reg); len(got) != 0 {
-				t.Errorf("%s holds for %v; want nothing", expr, got)
-			}
-			h.stop(t)
-		})
 	})
 	t.Run("kubernetes provider stopped", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
