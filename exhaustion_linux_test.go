@@ -74,15 +74,16 @@ func newExhKeepAlive(t *testing.T, healthBase string) *exhKeepAlive {
 func (k *exhKeepAlive) get(t *testing.T, path string) (int, string) {
 	t.Helper()
 	_ = k.c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := fmt.Fprintf(k.c, "GET %s HTTP/1.1\r\nHost: health\r\n\r\n", path); err != nil {
-		t.Fatalf("GET %s on the kept connection: %v", path, err)
+	_, err := fmt.Fprintf(k.c, "GET %s HTTP/1.1\r\nHost: health\r\n\r\n", path)
+	var resp *http.Response
+	if err == nil {
+		resp, err = http.ReadResponse(k.br, nil)
 	}
-	resp, err := http.ReadResponse(k.br, nil)
-	if err != nil {
-		t.Fatalf("GET %s on the kept connection: %v", path, err)
+	var body []byte
+	if err == nil {
+		body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
 	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	if err != nil {
 		t.Fatalf("GET %s on the kept connection: %v", path, err)
 	}
@@ -336,12 +337,7 @@ func TestExhaustionDaemonTellsTheTruth(t *testing.T) {
 	// Descriptors come back: a client is proxied again and /healthz
 	// follows within a beat.
 	d.release()
-	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := roundTrip(c, []byte("after exhaustion")); err != nil {
+	if err := roundTrip(dialProxy(t, d.proxyAddr), []byte("after exhaustion")); err != nil {
 		t.Fatalf("proxied connection after descriptors came back: %v", err)
 	}
 	waitFor(t, "/healthz to recover", func() bool {
@@ -394,46 +390,18 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 	}
 
 	// The health server is asked every 100 ms, each time on a new
-	// connection, for as long as the flood lasts.
+	// connection, for as long as the flood lasts. Starvation would mean no
+	// answer at all; newProber's 3 s tolerates a CI machine shared with
+	// other work, where 1 s flaked.
+	paths := []string{"/healthz", "/metrics"}
 	monitorDone := make(chan struct{})
-	var worst atomic.Int64
-	var asked, failed atomic.Int64
+	calls := make([][]floodCall, len(paths))
 	var monitor sync.WaitGroup
-	monitor.Go(func() {
-		tr := &http.Transport{DisableKeepAlives: true}
-		defer tr.CloseIdleConnections()
-		// Starvation would mean no answer at all; 3 s tolerates a CI
-		// machine shared with other work, where 1 s flaked.
-		const bound = 3 * time.Second
-		hc := &http.Client{Transport: tr, Timeout: bound}
-		for {
-			select {
-			case <-monitorDone:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			for _, path := range []string{"/healthz", "/metrics"} {
-				start := time.Now()
-				resp, err := hc.Get(d.healthBase + path)
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != http.StatusOK {
-						err = fmt.Errorf("status %d", resp.StatusCode)
-					}
-				}
-				took := time.Since(start)
-				asked.Add(1)
-				if err != nil || took > bound {
-					failed.Add(1)
-					t.Errorf("GET %s during the flood: %v after %v; want 200 within %v", path, err, took, bound)
-				}
-				if int64(took) > worst.Load() {
-					worst.Store(int64(took))
-				}
-			}
-		}
-	})
+	for i, path := range paths {
+		monitor.Go(func() {
+			calls[i] = callEvery(monitorDone, time.Now(), 100*time.Millisecond, newProber(), d.healthBase+path)
+		})
+	}
 	stopMonitor := sync.OnceFunc(func() { close(monitorDone); monitor.Wait() })
 	defer stopMonitor()
 
@@ -477,8 +445,18 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 	if got := exhMetric(page, "extractedprism_connections_active"); got != float64(bound) {
 		t.Errorf("connections_active while flooded: got %v; want the bound %d", got, bound)
 	}
-	fds := len(mustReadDir(t, "/proc/self/fd"))
+	fds := procOpenFDs(t)
 	stopMonitor()
+	asked, failed, worst := 0, 0, time.Duration(0)
+	for i, path := range paths {
+		for _, c := range calls[i] {
+			asked, worst = asked+1, max(worst, c.took)
+			if c.err != nil || c.code != http.StatusOK || c.took > probeTimeout {
+				failed++
+				t.Errorf("GET %s %v into the flood: status %d, %v after %v; want 200 within %v", path, c.at, c.code, c.err, c.took, probeTimeout)
+			}
+		}
+	}
 
 	if strings.Contains(d.logs.String(), "accept failing") {
 		t.Error("the accept loop ran out of descriptors during the flood; want the bound to keep the reserve free")
@@ -512,23 +490,9 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 		_, page := httpGet(d.healthBase + "/metrics")
 		return exhMetric(page, "extractedprism_connections_active") == 0
 	})
-	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := roundTrip(c, []byte("after the flood")); err != nil {
+	if err := roundTrip(dialProxy(t, d.proxyAddr), []byte("after the flood")); err != nil {
 		t.Errorf("proxied connection after the flood: %v", err)
 	}
 	t.Logf("flood of %d clients (bound %d, backlog %d) dialed in %v; %d descriptors open of %d; health server asked %d times, %d failed, slowest %v",
-		flood, bound, somaxconn, dialed.Round(time.Millisecond), fds, lim.Cur, asked.Load(), failed.Load(), time.Duration(worst.Load()).Round(time.Millisecond))
-}
-
-func mustReadDir(t *testing.T, dir string) []os.DirEntry {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return entries
+		flood, bound, somaxconn, dialed.Round(time.Millisecond), fds, lim.Cur, asked, failed, worst.Round(time.Millisecond))
 }

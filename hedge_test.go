@@ -191,11 +191,7 @@ func TestDialOutOfDescriptorsRefusesClient(t *testing.T) {
 	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
 	waitFor(t, "the first checks", func() bool { return checks.count(a.addr) == 1 && checks.count(b.addr) == 1 })
 
-	c := dialProxy(t, px.addr)
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if n, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, errTimeout(err)) {
-		t.Fatalf("client read with no descriptor for its dial: got %d bytes, %v; want the connection closed", n, err)
-	}
+	wantPeerClosed(t, dialProxy(t, px.addr), 5*time.Second, "with no descriptor for the client's dial")
 	if got := dialled.list(); len(got) != 1 {
 		t.Errorf("dials: got %v; want one, not retried on another upstream", got)
 	}
@@ -289,18 +285,22 @@ func TestHedgeFollowsFailedDial(t *testing.T) {
 // which may have vanished. A dial called off sooner does not, nor does a
 // slow dial that wins, which has shown its upstream alive, nor a hedge that
 // failed for want of descriptors, which never reached its upstream (and
-// leaves the first dial to go on). None of them is a connection error.
+// leaves the first dial to go on). None of them is a connection error. A
+// dial that fails on its own (refused, not called off) just after its hedge
+// won is a failure of its upstream like any other: counted, and checked.
 func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 	tests := []struct {
 		name string
 		// first and hedge are what the first dial and its hedge do before
-		// they dial for real: wait, or hang until called off.
+		// they dial for real: wait, hang until called off, or fail.
 		first, hedge func(context.Context) error
-		wantChecked  [2]bool // the first dial's upstream, the hedge's
+		wantChecked  [2]bool    // the first dial's upstream, the hedge's
+		wantErrs     [2]float64 // their connection_errors_total
 	}{
-		{"slow first dial wins just after its hedge started", waitThen(600 * time.Millisecond), waitThen(600 * time.Millisecond), [2]bool{false, false}},
-		{"hanging first dial loses to its hedge", hang, waitThen(0), [2]bool{true, false}},
-		{"hedge out of descriptors while the first dial goes on", waitThen(600 * time.Millisecond), outOfDescriptors, [2]bool{false, false}},
+		{"slow first dial wins just after its hedge started", waitThen(600 * time.Millisecond), waitThen(600 * time.Millisecond), [2]bool{false, false}, [2]float64{}},
+		{"hanging first dial loses to its hedge", hang, waitThen(0), [2]bool{true, false}, [2]float64{}},
+		{"hedge out of descriptors while the first dial goes on", waitThen(600 * time.Millisecond), outOfDescriptors, [2]bool{false, false}, [2]float64{}},
+		{"first dial refused just after its hedge won", refusedAfter(700 * time.Millisecond), waitThen(0), [2]bool{true, false}, [2]float64{1, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -346,49 +346,11 @@ func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 				if checked != tt.wantChecked[i] {
 					t.Errorf("upstream of dial %d (%s) checked again: got %v; want %v", i, addr, checked, tt.wantChecked[i])
 				}
-				if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(addr)); got != 0 {
-					t.Errorf("connection_errors_total{upstream=%s} (dial %d): got %v; want 0", addr, i, got)
+				if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(addr)); got != tt.wantErrs[i] {
+					t.Errorf("connection_errors_total{upstream=%s} (dial %d): got %v; want %v", addr, i, got, tt.wantErrs[i])
 				}
 			}
 		})
-	}
-}
-
-// TestDialFailingAfterAnotherWonIsCounted: a dial that fails on its own
-// (refused, not called off) just after its hedge won is a failure of its
-// upstream like any other, counted in connection_errors_total.
-func TestDialFailingAfterAnotherWonIsCounted(t *testing.T) {
-	a, b := startUpstream(t, echo), startUpstream(t, echo)
-	checks := newFakeChecks()
-	// A 125 ms connect time makes the hedge delay 500 ms.
-	checks.rtt[a.addr], checks.rtt[b.addr] = 125*time.Millisecond, 125*time.Millisecond
-	var mu sync.Mutex
-	first := ""
-	wrap := func(d dialFunc) dialFunc {
-		return func(ctx context.Context, network, addr string) (net.Conn, error) {
-			mu.Lock()
-			if first == "" {
-				first = addr
-			}
-			isFirst := addr == first
-			mu.Unlock()
-			if isFirst { // refused late, and deaf to being called off
-				time.Sleep(700 * time.Millisecond)
-				return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
-			}
-			return d(ctx, network, addr)
-		}
-	}
-	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
-	waitFor(t, "a 500 ms hedge delay", func() bool { return px.pool.snap.Load().hedgeDelay == 500*time.Millisecond })
-	if err := roundTrip(dialProxy(t, px.addr), []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	lost := first
-	mu.Unlock()
-	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(lost)); got != 1 {
-		t.Errorf("connection_errors_total{upstream=%s} after its dial was refused as the hedge won: got %v; want 1", lost, got)
 	}
 }
 
@@ -409,11 +371,7 @@ func TestLastResortFailureCountedWhileUpstreamsAvailable(t *testing.T) {
 		return testutil.ToFloat64(px.m.upstreamReady.WithLabelValues(ready)) == 1 &&
 			testutil.ToFloat64(px.m.upstreamReady.WithLabelValues(unready)) == 0
 	})
-	c := dialProxy(t, px.addr)
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("read: got a byte through two refusing upstreams")
-	}
+	wantPeerClosed(t, dialProxy(t, px.addr), 5*time.Second, "through two refusing upstreams")
 	for _, addr := range []string{ready, unready} {
 		if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(addr)); got != 1 {
 			t.Errorf("connection_errors_total{upstream=%s}: got %v; want 1", addr, got)
@@ -435,6 +393,15 @@ func waitThen(d time.Duration) func(context.Context) error {
 // process has no descriptor left.
 func outOfDescriptors(context.Context) error {
 	return &net.OpError{Op: "dial", Err: os.NewSyscallError("socket", errEMFILE())}
+}
+
+// refusedAfter returns a dial step refused after d, deaf to being called
+// off, like a restarting API server.
+func refusedAfter(d time.Duration) func(context.Context) error {
+	return func(context.Context) error {
+		time.Sleep(d)
+		return &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	}
 }
 
 // hang is a dial step that hangs until ctx is done, like a black hole.

@@ -64,7 +64,7 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 			{"TCP_KEEPINTVL", unix.TCP_KEEPINTVL, interval},
 			{"TCP_USER_TIMEOUT", unix.TCP_USER_TIMEOUT, userTimeout},
 		} {
-			if got := sockOpt(t, sw.upConn, o.opt); got != o.want {
+			if got := sockOpt(t, sw.upConn, unix.IPPROTO_TCP, o.opt); got != o.want {
 				t.Errorf("%s: %s got %d; want %d", when, o.name, got, o.want)
 			}
 		}
@@ -79,7 +79,7 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 	check("normal", 30, 15, 30000, false)
 	sw.px.pool.reportCheck(sw.u, checkResult{err: errCheck})
 	check("after one failed check", 1, 1, 3000, true)
-	if got := sockOpt(t, sw.upConn, unix.TCP_KEEPCNT); got != 3 {
+	if got := sockOpt(t, sw.upConn, unix.IPPROTO_TCP, unix.TCP_KEEPCNT); got != 3 {
 		t.Errorf("TCP_KEEPCNT while suspect: got %d; want 3", got)
 	}
 	sw.px.pool.reportCheck(sw.u, checkResult{rtt: time.Millisecond})
