@@ -12,7 +12,6 @@ package main
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -119,32 +118,6 @@ func exhFill(t *testing.T, held []*os.File) []*os.File {
 	return nil
 }
 
-// exhUpstream is an echo server whose accepting can be paused. While it is
-// paused the kernel still completes handshakes into the backlog, so checks
-// and dials succeed, but the server takes no descriptor and, above all,
-// frees none: a test that has used every descriptor stays out of them.
-type exhUpstream struct {
-	addr     string
-	ln       *net.TCPListener
-	paused   atomic.Bool
-	accepted atomic.Int64
-	mu       sync.Mutex
-	conns    map[net.Conn]bool
-	wg       sync.WaitGroup
-}
-
-func startExhUpstream(t *testing.T) *exhUpstream {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &exhUpstream{addr: ln.Addr().String(), ln: ln, conns: map[net.Conn]bool{}}
-	u.wg.Go(u.acceptLoop)
-	t.Cleanup(u.stop)
-	return u
-}
-
 // exhEcho echoes through a buffer. io.Copy between sockets would splice,
 // and net keeps splice pipes in a pool that the garbage collector empties
 // whenever it runs, freeing descriptors at moments no test controls.
@@ -155,57 +128,11 @@ func exhEcho(c net.Conn) {
 	}
 }
 
-func (u *exhUpstream) acceptLoop() {
-	for {
-		if u.paused.Load() {
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		// A short deadline brings the loop back to look at paused.
-		_ = u.ln.SetDeadline(time.Now().Add(20 * time.Millisecond))
-		c, err := u.ln.Accept()
-		if errors.Is(err, net.ErrClosed) {
-			return
-		}
-		if err != nil { // the deadline, or EMFILE
-			continue
-		}
-		u.accepted.Add(1)
-		u.mu.Lock()
-		u.conns[c] = true
-		u.mu.Unlock()
-		u.wg.Go(func() {
-			exhEcho(c)
-			_ = c.Close()
-			u.mu.Lock()
-			delete(u.conns, c)
-			u.mu.Unlock()
-		})
-	}
-}
-
-// idle reports whether the upstream has served a connection and holds none.
-func (u *exhUpstream) idle() bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.accepted.Load() > 0 && len(u.conns) == 0
-}
-
-func (u *exhUpstream) stop() {
-	_ = u.ln.Close()
-	u.mu.Lock()
-	for c := range u.conns {
-		_ = c.Close()
-	}
-	u.mu.Unlock()
-	u.wg.Wait()
-}
-
 // exhDaemon is a daemon in front of two pausable upstreams, with a kept
 // connection to its health server.
 type exhDaemon struct {
 	*runningDaemon
-	a, b *exhUpstream
+	a, b *testUpstream
 	kept *exhKeepAlive
 	held []*os.File // descriptors the test holds to exhaust the process
 }
@@ -219,14 +146,14 @@ func exhSeries(name, addr string) string { return name + `{upstream="` + addr + 
 // in the process opens or closes a descriptor unless the test does.
 func startExhDaemon(t *testing.T) *exhDaemon {
 	t.Helper()
-	a, b := startExhUpstream(t), startExhUpstream(t)
+	a, b := startUpstream(t, exhEcho), startUpstream(t, exhEcho)
 	d := &exhDaemon{a: a, b: b}
 	d.runningDaemon = startDaemon(t, nil, "--endpoints", a.addr+","+b.addr,
 		"--liveness-interval", "1s", "--liveness-threshold", "2s",
 		"--health-interval", "2s", "--health-timeout", "1s")
 	d.kept = newExhKeepAlive(t, d.healthBase)
 	waitFor(t, "both upstreams checked", func() bool {
-		if !a.idle() || !b.idle() {
+		if a.acceptedCount() == 0 || a.openCount() != 0 || b.acceptedCount() == 0 || b.openCount() != 0 {
 			return false
 		}
 		_, page := d.kept.get(t, "/metrics")
@@ -244,8 +171,8 @@ func startExhDaemon(t *testing.T) *exhDaemon {
 // accept. It returns the client.
 func (d *exhDaemon) exhaust(t *testing.T) net.Conn {
 	t.Helper()
-	d.a.paused.Store(true)
-	d.b.paused.Store(true)
+	d.a.pause(true)
+	d.b.pause(true)
 	// Pooled splice pipes of earlier tests close when the collector gets
 	// to them; let it, so none is freed while the test holds the rest.
 	_, fds := quietCounts(t)
@@ -280,8 +207,8 @@ func (d *exhDaemon) release() {
 		_ = f.Close()
 	}
 	d.held = nil
-	d.a.paused.Store(false)
-	d.b.paused.Store(false)
+	d.a.pause(false)
+	d.b.pause(false)
 }
 
 func TestExhaustionDaemonTellsTheTruth(t *testing.T) {

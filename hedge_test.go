@@ -357,7 +357,8 @@ func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 // TestLastResortFailureCountedWhileUpstreamsAvailable: in readyz mode an
 // unready but healthy upstream is dialled as a last resort once every
 // ready one has failed; some upstream was available, so its failure
-// counts, as the spec has it.
+// counts, as the spec has it. The client, whose every dial failed, is
+// refused: closed, counted, and not counted as a connection.
 func TestLastResortFailureCountedWhileUpstreamsAvailable(t *testing.T) {
 	ready, unready := deadAddr(t), deadAddr(t)
 	check := func(_ context.Context, addr string) checkResult {
@@ -372,6 +373,12 @@ func TestLastResortFailureCountedWhileUpstreamsAvailable(t *testing.T) {
 			testutil.ToFloat64(px.m.upstreamReady.WithLabelValues(unready)) == 0
 	})
 	wantPeerClosed(t, dialProxy(t, px.addr), 5*time.Second, "through two refusing upstreams")
+	if got := testutil.ToFloat64(px.m.connectionsTotal); got != 0 {
+		t.Errorf("connections_total: got %v; want 0", got)
+	}
+	if got := testutil.ToFloat64(px.m.clientsRefused); got != 1 {
+		t.Errorf("clients_refused_total: got %v; want 1", got)
+	}
 	for _, addr := range []string{ready, unready} {
 		if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(addr)); got != 1 {
 			t.Errorf("connection_errors_total{upstream=%s}: got %v; want 1", addr, got)

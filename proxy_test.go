@@ -56,7 +56,7 @@ func (u *testUpstream) acceptLoop() {
 		if errors.Is(err, net.ErrClosed) {
 			return
 		}
-		if err != nil { // EMFILE in the exhaustion test: wait and retry
+		if err != nil { // paused, or EMFILE in the exhaustion test: wait and retry
 			time.Sleep(time.Millisecond)
 			continue
 		}
@@ -78,6 +78,18 @@ func (u *testUpstream) closed(c net.Conn) {
 	defer u.mu.Unlock()
 	delete(u.conns, c)
 	u.open--
+}
+
+// pause stops or resumes accepting. While the upstream is paused the
+// kernel still completes handshakes into the backlog, so checks and dials
+// succeed, but it takes no descriptor and, above all, frees none: a test
+// that has used every descriptor stays out of them.
+func (u *testUpstream) pause(on bool) {
+	var deadline time.Time
+	if on {
+		deadline = time.Unix(1, 0) // past: Accept fails at once, accepting nothing
+	}
+	setAcceptDeadline(u.ln, deadline)
 }
 
 func (u *testUpstream) openCount() int {
@@ -369,17 +381,6 @@ func TestProxySpreadsConcurrentConnections(t *testing.T) {
 		if got := u.acceptedCount(); got < 30 {
 			t.Errorf("upstream %d accepted %d of %d connections; want an even spread", i, got, clients)
 		}
-	}
-}
-
-func TestProxyRefusesClientWhenEveryDialFails(t *testing.T) {
-	px := startProxy(t, poolConfig{}, deadAddr(t), deadAddr(t))
-	wantPeerClosed(t, dialProxy(t, px.addr), 5*time.Second, "from a connection with no upstream")
-	if got := testutil.ToFloat64(px.m.connectionsTotal); got != 0 {
-		t.Errorf("connections_total: got %v; want 0", got)
-	}
-	if got := testutil.ToFloat64(px.m.clientsRefused); got != 1 {
-		t.Errorf("clients_refused_total: got %v; want 1", got)
 	}
 }
 

@@ -34,11 +34,7 @@ func newSwept(t *testing.T) swept {
 	px.pool.mu.Unlock()
 	// The upstream's first check, started when it was listed, must not
 	// end a suspicion the test starts, nor start one of its own later.
-	for deadline := time.Now().Add(5 * time.Second); !checked(px.pool, u); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the upstream's first health check did not end within 5 s")
-		}
-	}
+	waitFor(t, "the upstream's first health check", func() bool { return checked(px.pool, u) })
 	px.pool.mu.Lock()
 	defer px.pool.mu.Unlock()
 	for pc := range u.conns {
