@@ -111,32 +111,27 @@ func TestProxyRetriesWhenUpstreamStartsDrainingDuringDial(t *testing.T) {
 			ups := []*testUpstream{startUpstream(t, echo), startUpstream(t, echo), startUpstream(t, echo)}
 			listed := []string{ups[0].addr, ups[1].addr, ups[2].addr}
 			var pl atomic.Pointer[pool] // set before the client connects
-			var mu sync.Mutex
-			dials := 0
-			px := startProxyDial(t, poolConfig{drainTimeout: time.Minute}, func(realDial dialFunc) dialFunc {
-				return func(ctx context.Context, network, addr string) (net.Conn, error) {
-					c, err := realDial(ctx, network, addr)
-					mu.Lock()
-					defer mu.Unlock()
-					if dials++; dials <= tt.draining {
-						// The endpoint list loses addr while its dial is in flight.
+			var mu sync.Mutex           // guards listed
+			var dialled dialLog
+			wrap := func(d dialFunc) dialFunc {
+				return dialled.wrap(stepDial(func(_ context.Context, n int, addr string) error {
+					if n <= tt.draining { // the endpoint list loses addr while it is dialled
+						mu.Lock()
+						defer mu.Unlock()
 						listed = slices.DeleteFunc(listed, func(a string) bool { return a == addr })
 						pl.Load().update(listed)
 					}
-					return c, err
-				}
-			}, listed...)
+					return nil
+				})(d))
+			}
+			px := startProxyDial(t, poolConfig{drainTimeout: time.Minute}, wrap, listed...)
 			pl.Store(px.pool)
-			c := dialProxy(t, px.addr)
-			err := roundTrip(c, []byte("retried"))
+			err := roundTrip(dialProxy(t, px.addr), []byte("retried"))
 			if served := err == nil; served != tt.served {
 				t.Errorf("client served: got %v (%v); want %v", served, err, tt.served)
 			}
-			mu.Lock()
-			got := dials
-			mu.Unlock()
-			if got != 2 {
-				t.Errorf("upstream dials: got %d; want 2 (the drained one, then the one retry)", got)
+			if got := dialled.list(); len(got) != 2 {
+				t.Errorf("upstream dials: got %v; want 2 (the drained one, then the one retry)", got)
 			}
 			if got, want := testutil.ToFloat64(px.m.clientsRefused), 1-boolGauge(tt.served); got != want {
 				t.Errorf("clients_refused_total: got %v; want %v", got, want)
@@ -181,12 +176,12 @@ func TestDialOutOfDescriptorsRefusesClient(t *testing.T) {
 	exhausted.Store(true)
 	var dialled dialLog
 	wrap := func(d dialFunc) dialFunc {
-		return dialled.wrap(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return dialled.wrap(stepDial(func(ctx context.Context, _ int, _ string) error {
 			if exhausted.Load() {
-				return nil, outOfDescriptors(ctx)
+				return outOfDescriptors(ctx)
 			}
-			return d(ctx, network, addr)
-		})
+			return nil
+		})(d))
 	}
 	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
 	waitFor(t, "the first checks", func() bool { return checks.count(a.addr) == 1 && checks.count(b.addr) == 1 })
@@ -247,26 +242,15 @@ func TestHedgeFollowsFailedDial(t *testing.T) {
 	for range 3 {
 		addrs = append(addrs, startUpstream(t, echo).addr)
 	}
-	var mu sync.Mutex
-	dials := 0
-	wrap := func(d dialFunc) dialFunc {
-		return func(ctx context.Context, network, addr string) (net.Conn, error) {
-			mu.Lock()
-			dials++
-			n := dials
-			mu.Unlock()
-			switch n {
-			case 1: // refused late, like a restarting API server
-				time.Sleep(300 * time.Millisecond)
-				return nil, syscall.ECONNREFUSED
-			case 2: // a black hole
-				<-ctx.Done()
-				return nil, ctx.Err()
-			}
-			return d(ctx, network, addr)
+	px := startProxyDial(t, poolConfig{}, stepDial(func(ctx context.Context, n int, _ string) error {
+		switch n {
+		case 1:
+			return refusedAfter(300 * time.Millisecond)(ctx)
+		case 2:
+			return hang(ctx) // a black hole
 		}
-	}
-	px := startProxyDial(t, poolConfig{}, wrap, addrs...)
+		return nil
+	}), addrs...)
 	waitFor(t, "a hedge delay from measured connects", func() bool { return px.pool.snap.Load().hedgeDelay < 100*time.Millisecond })
 	start := time.Now()
 	c := dialProxy(t, px.addr)
@@ -308,24 +292,14 @@ func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 			checks := newFakeChecks()
 			// A 125 ms connect time makes the hedge delay 500 ms.
 			checks.rtt[a.addr], checks.rtt[b.addr] = 125*time.Millisecond, 125*time.Millisecond
-			var mu sync.Mutex
-			var order []string // the upstreams dialed, each once
+			var dialled dialLog
 			wrap := func(d dialFunc) dialFunc {
-				return func(ctx context.Context, network, addr string) (net.Conn, error) {
-					mu.Lock()
-					if !slices.Contains(order, addr) {
-						order = append(order, addr)
+				return dialled.wrap(stepDial(func(ctx context.Context, n int, _ string) error {
+					if n == 1 {
+						return tt.first(ctx)
 					}
-					before := tt.first
-					if addr != order[0] {
-						before = tt.hedge
-					}
-					mu.Unlock()
-					if err := before(ctx); err != nil {
-						return nil, err
-					}
-					return d(ctx, network, addr)
-				}
+					return tt.hedge(ctx)
+				})(d))
 			}
 			px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
 			waitFor(t, "the first checks", func() bool { return checks.count(a.addr) == 1 && checks.count(b.addr) == 1 })
@@ -333,9 +307,7 @@ func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 			if err := roundTrip(dialProxy(t, px.addr), []byte("x")); err != nil {
 				t.Fatal(err)
 			}
-			mu.Lock()
-			dialed := slices.Clone(order)
-			mu.Unlock()
+			dialed := dialled.list()
 			if len(dialed) != 2 {
 				t.Fatalf("dials: got %v; want the first and its hedge", dialed)
 			}
@@ -382,6 +354,20 @@ func TestLastResortFailureCountedWhileUpstreamsAvailable(t *testing.T) {
 	for _, addr := range []string{ready, unready} {
 		if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(addr)); got != 1 {
 			t.Errorf("connection_errors_total{upstream=%s}: got %v; want 1", addr, got)
+		}
+	}
+}
+
+// stepDial wraps a dial so that step runs before dial n (from 1) to addr
+// dials for real; an error it returns fails the dial.
+func stepDial(step func(ctx context.Context, n int, addr string) error) func(dialFunc) dialFunc {
+	var dials atomic.Int32
+	return func(d dialFunc) dialFunc {
+		return func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if err := step(ctx, int(dials.Add(1)), addr); err != nil {
+				return nil, err
+			}
+			return d(ctx, network, addr)
 		}
 	}
 }
