@@ -28,8 +28,8 @@ import (
 )
 
 // exhSetLimit sets the soft RLIMIT_NOFILE and restores the original when the
-// test ends; it returns the original.
-func exhSetLimit(t *testing.T, soft uint64) unix.Rlimit {
+// test ends.
+func exhSetLimit(t *testing.T, soft uint64) {
 	t.Helper()
 	var orig unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
@@ -48,7 +48,6 @@ func exhSetLimit(t *testing.T, soft uint64) unix.Rlimit {
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatal(err)
 	}
-	return orig
 }
 
 // exhKeepAlive is one HTTP/1.1 connection to the health server, opened

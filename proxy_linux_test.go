@@ -45,12 +45,7 @@ func TestClientSocketsGetKeepaliveAndUserTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	// The connect completes in the listen backlog, before Accept.
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	dialProxy(t, ln.Addr().String()) // the connect completes in the listen backlog, before Accept
 	c, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
