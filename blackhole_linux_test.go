@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -20,9 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // privateNetnsEnv marks the copy of the test binary that runs in a private
@@ -82,16 +79,11 @@ func runCmd(tb testing.TB, name string, args ...string) {
 	}
 }
 
-// dropPort makes every packet to or from port vanish, like a node whose
-// cable was cut, and returns the function that restores it.
-func dropPort(tb testing.TB, port int) (restore func()) {
-	tb.Helper()
-	return dropPortAt(tb, "output", port)
-}
-
-// dropPortAt is dropPort with the packets dropped at the netfilter hook
-// given: "output" as they are sent, "input" as they arrive. A drop at
-// output is a local error the sender sees; one at input is not.
+// dropPortAt makes every packet to or from port vanish, like a node whose
+// cable was cut, and returns the function that restores it. The packets
+// are dropped at the netfilter hook given: "output" as they are sent,
+// "input" as they arrive. A drop at output is a local error the sender
+// sees; one at input is not.
 func dropPortAt(tb testing.TB, hook string, port int) (restore func()) {
 	tb.Helper()
 	p := strconv.Itoa(port)
@@ -108,23 +100,16 @@ type mechanisms struct {
 }
 
 func (m mechanisms) String() string {
-	on := func(b bool) string {
-		if b {
-			return "on"
-		}
-		return "off"
-	}
-	return fmt.Sprintf("hedge %s, quick check %s, sweep %s", on(m.hedge), on(m.quick), on(m.sweep))
+	on := map[bool]string{true: "on", false: "off"}
+	return fmt.Sprintf("hedge %s, quick check %s, sweep %s", on[m.hedge], on[m.quick], on[m.sweep])
 }
 
 // holeBench is a proxy in front of three echo upstreams with the issue's
-// settings: --health-interval 5s --health-timeout 2s.
+// settings: --health-interval 5s --health-timeout 2s, which is also the
+// dial timeout.
 type holeBench struct {
-	px     *proxy
-	addr   string
-	ups    []*testUpstream
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	px  *testProxy
+	ups []*testUpstream
 }
 
 func newHoleBench(tb testing.TB, mech mechanisms) *holeBench {
@@ -133,29 +118,12 @@ func newHoleBench(tb testing.TB, mech mechanisms) *holeBench {
 	if mech.quick {
 		cfg.quickRecheck = quickRecheck
 	}
-	m := newMetrics(prometheus.NewRegistry())
-	log := slog.New(slog.DiscardHandler)
-	pl := newPool(log, m, cfg, tcpCheck, randomSelector{})
-	px := newProxy(log, m, pl, cfg.timeout, 4096)
-	px.hedge = mech.hedge
-	ln, err := listenTCP(context.Background(), "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	hb := &holeBench{px: px, addr: ln.Addr().String(), cancel: cancel}
+	hb := &holeBench{px: startProxyCheck(tb, cfg, tcpCheck, nil)}
+	hb.px.hedge = mech.hedge
 	for range 3 {
 		hb.ups = append(hb.ups, startUpstream(tb, echo))
 	}
-	hb.wg.Go(func() { px.serve(ctx, ln) })
 	return hb
-}
-
-func (hb *holeBench) close() {
-	hb.cancel()
-	hb.wg.Wait()
-	_ = hb.px.shutdown()
-	hb.px.pool.close()
 }
 
 // holdConns opens n idle connections through the proxy while only the
@@ -165,7 +133,7 @@ func (hb *holeBench) holdConns(tb testing.TB, n int) []net.Conn {
 	hb.px.pool.update([]string{hb.ups[0].addr})
 	var conns []net.Conn
 	for range n {
-		c, err := net.DialTimeout("tcp", hb.addr, 5*time.Second)
+		c, err := net.DialTimeout("tcp", hb.px.addr, 5*time.Second)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -187,9 +155,7 @@ func watchClose(conns []net.Conn, start, deadline time.Time) []time.Duration {
 	for i, c := range conns {
 		wg.Go(func() {
 			_ = c.SetReadDeadline(deadline)
-			_, err := c.Read(make([]byte, 1))
-			var ne net.Error
-			if err == nil || (asNetErr(err, &ne) && ne.Timeout()) {
+			if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 				out[i] = -1
 				return
 			}
@@ -198,14 +164,6 @@ func watchClose(conns []net.Conn, start, deadline time.Time) []time.Duration {
 	}
 	wg.Wait()
 	return out
-}
-
-func asNetErr(err error, target *net.Error) bool {
-	ne, ok := err.(net.Error)
-	if ok {
-		*target = ne
-	}
-	return ok
 }
 
 // phase is one stretch of the new-connection stream.
@@ -222,7 +180,7 @@ func (hb *holeBench) stream(name string, d time.Duration) phase {
 	end := time.Now().Add(d)
 	for time.Now().Before(end) {
 		start := time.Now()
-		c, err := net.DialTimeout("tcp", hb.addr, 5*time.Second)
+		c, err := net.DialTimeout("tcp", hb.px.addr, 5*time.Second)
 		if err == nil {
 			err = roundTrip(c, []byte{1})
 			_ = c.Close()
@@ -257,7 +215,6 @@ type blackHoleRun struct {
 // during and after the victim turns into a black hole, and measures.
 func runBlackHole(tb testing.TB, mech mechanisms, held int, during time.Duration) blackHoleRun {
 	hb := newHoleBench(tb, mech)
-	defer hb.close()
 	conns := hb.holdConns(tb, held)
 	defer func() {
 		for _, c := range conns {
@@ -266,7 +223,7 @@ func runBlackHole(tb testing.TB, mech mechanisms, held int, during time.Duration
 	}()
 	var r blackHoleRun
 	r.phases = append(r.phases, hb.stream("before", time.Second))
-	restore := dropPort(tb, hb.ups[0].ln.Addr().(*net.TCPAddr).Port)
+	restore := dropPortAt(tb, "output", hb.ups[0].ln.Addr().(*net.TCPAddr).Port)
 	start := time.Now()
 	var wg sync.WaitGroup
 	wg.Go(func() { r.closed = watchClose(conns, start, start.Add(during)) })
@@ -386,8 +343,7 @@ func TestSweepEndsBackedOffRetransmission(t *testing.T) {
 	_ = sw.client.SetReadDeadline(start.Add(12 * time.Second))
 	_, err := sw.client.Read(make([]byte, 1))
 	took := time.Since(start)
-	var ne net.Error
-	if err == nil || (asNetErr(err, &ne) && ne.Timeout()) || took > 6*time.Second {
+	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) || took > 6*time.Second {
 		t.Fatalf("connection with backed-off retransmission ended %v after the upstream became suspect (%v); want within 6 s", took.Round(time.Millisecond), err)
 	}
 	// The kernel would not have ended it before its timer fired again;
@@ -404,26 +360,18 @@ func TestSweepEndsBackedOffRetransmission(t *testing.T) {
 // n times.
 func waitBackoff(t *testing.T, c net.Conn, n uint8, limit time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		ti := mustTCPInfo(t, c)
+	for deadline := time.Now().Add(limit); ; time.Sleep(100 * time.Millisecond) {
+		ti, ok := tcpInfo(c)
+		if !ok {
+			t.Fatal("no TCP_INFO: not a TCP socket, or closed")
+		}
 		if ti.Backoff >= n {
 			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("retransmission backoff after %v: %d, unacknowledged %d; want %d", limit, ti.Backoff, ti.Unacked, n)
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-func mustTCPInfo(t *testing.T, c net.Conn) *unix.TCPInfo {
-	t.Helper()
-	ti, ok := tcpInfo(c)
-	if !ok {
-		t.Fatal("no TCP_INFO: not a TCP socket, or closed")
-	}
-	return ti
 }
 
 // TestIPv6UpstreamOnIPv4OnlyHost: on a host with IPv6 disabled, a connect

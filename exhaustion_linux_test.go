@@ -12,7 +12,6 @@ package main
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -29,8 +28,8 @@ import (
 )
 
 // exhSetLimit sets the soft RLIMIT_NOFILE and restores the original when the
-// test ends; it returns the original.
-func exhSetLimit(t *testing.T, soft uint64) unix.Rlimit {
+// test ends.
+func exhSetLimit(t *testing.T, soft uint64) {
 	t.Helper()
 	var orig unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
@@ -49,7 +48,6 @@ func exhSetLimit(t *testing.T, soft uint64) unix.Rlimit {
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatal(err)
 	}
-	return orig
 }
 
 // exhKeepAlive is one HTTP/1.1 connection to the health server, opened
@@ -74,15 +72,16 @@ func newExhKeepAlive(t *testing.T, healthBase string) *exhKeepAlive {
 func (k *exhKeepAlive) get(t *testing.T, path string) (int, string) {
 	t.Helper()
 	_ = k.c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := fmt.Fprintf(k.c, "GET %s HTTP/1.1\r\nHost: health\r\n\r\n", path); err != nil {
-		t.Fatalf("GET %s on the kept connection: %v", path, err)
+	_, err := fmt.Fprintf(k.c, "GET %s HTTP/1.1\r\nHost: health\r\n\r\n", path)
+	var resp *http.Response
+	if err == nil {
+		resp, err = http.ReadResponse(k.br, nil)
 	}
-	resp, err := http.ReadResponse(k.br, nil)
-	if err != nil {
-		t.Fatalf("GET %s on the kept connection: %v", path, err)
+	var body []byte
+	if err == nil {
+		body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
 	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	if err != nil {
 		t.Fatalf("GET %s on the kept connection: %v", path, err)
 	}
@@ -118,32 +117,6 @@ func exhFill(t *testing.T, held []*os.File) []*os.File {
 	return nil
 }
 
-// exhUpstream is an echo server whose accepting can be paused. While it is
-// paused the kernel still completes handshakes into the backlog, so checks
-// and dials succeed, but the server takes no descriptor and, above all,
-// frees none: a test that has used every descriptor stays out of them.
-type exhUpstream struct {
-	addr     string
-	ln       *net.TCPListener
-	paused   atomic.Bool
-	accepted atomic.Int64
-	mu       sync.Mutex
-	conns    map[net.Conn]bool
-	wg       sync.WaitGroup
-}
-
-func startExhUpstream(t *testing.T) *exhUpstream {
-	t.Helper()
-	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	u := &exhUpstream{addr: ln.Addr().String(), ln: ln, conns: map[net.Conn]bool{}}
-	u.wg.Go(u.acceptLoop)
-	t.Cleanup(u.stop)
-	return u
-}
-
 // exhEcho echoes through a buffer. io.Copy between sockets would splice,
 // and net keeps splice pipes in a pool that the garbage collector empties
 // whenever it runs, freeing descriptors at moments no test controls.
@@ -154,57 +127,11 @@ func exhEcho(c net.Conn) {
 	}
 }
 
-func (u *exhUpstream) acceptLoop() {
-	for {
-		if u.paused.Load() {
-			time.Sleep(10 * time.Millisecond)
-			continue
-		}
-		// A short deadline brings the loop back to look at paused.
-		_ = u.ln.SetDeadline(time.Now().Add(20 * time.Millisecond))
-		c, err := u.ln.Accept()
-		if errors.Is(err, net.ErrClosed) {
-			return
-		}
-		if err != nil { // the deadline, or EMFILE
-			continue
-		}
-		u.accepted.Add(1)
-		u.mu.Lock()
-		u.conns[c] = true
-		u.mu.Unlock()
-		u.wg.Go(func() {
-			exhEcho(c)
-			_ = c.Close()
-			u.mu.Lock()
-			delete(u.conns, c)
-			u.mu.Unlock()
-		})
-	}
-}
-
-// idle reports whether the upstream has served a connection and holds none.
-func (u *exhUpstream) idle() bool {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.accepted.Load() > 0 && len(u.conns) == 0
-}
-
-func (u *exhUpstream) stop() {
-	_ = u.ln.Close()
-	u.mu.Lock()
-	for c := range u.conns {
-		_ = c.Close()
-	}
-	u.mu.Unlock()
-	u.wg.Wait()
-}
-
 // exhDaemon is a daemon in front of two pausable upstreams, with a kept
 // connection to its health server.
 type exhDaemon struct {
 	*runningDaemon
-	a, b *exhUpstream
+	a, b *testUpstream
 	kept *exhKeepAlive
 	held []*os.File // descriptors the test holds to exhaust the process
 }
@@ -218,14 +145,14 @@ func exhSeries(name, addr string) string { return name + `{upstream="` + addr + 
 // in the process opens or closes a descriptor unless the test does.
 func startExhDaemon(t *testing.T) *exhDaemon {
 	t.Helper()
-	a, b := startExhUpstream(t), startExhUpstream(t)
+	a, b := startUpstream(t, exhEcho), startUpstream(t, exhEcho)
 	d := &exhDaemon{a: a, b: b}
 	d.runningDaemon = startDaemon(t, nil, "--endpoints", a.addr+","+b.addr,
 		"--liveness-interval", "1s", "--liveness-threshold", "2s",
 		"--health-interval", "2s", "--health-timeout", "1s")
 	d.kept = newExhKeepAlive(t, d.healthBase)
 	waitFor(t, "both upstreams checked", func() bool {
-		if !a.idle() || !b.idle() {
+		if a.acceptedCount() == 0 || a.openCount() != 0 || b.acceptedCount() == 0 || b.openCount() != 0 {
 			return false
 		}
 		_, page := d.kept.get(t, "/metrics")
@@ -243,8 +170,8 @@ func startExhDaemon(t *testing.T) *exhDaemon {
 // accept. It returns the client.
 func (d *exhDaemon) exhaust(t *testing.T) net.Conn {
 	t.Helper()
-	d.a.paused.Store(true)
-	d.b.paused.Store(true)
+	d.a.pause(true)
+	d.b.pause(true)
 	// Pooled splice pipes of earlier tests close when the collector gets
 	// to them; let it, so none is freed while the test holds the rest.
 	_, fds := quietCounts(t)
@@ -279,8 +206,8 @@ func (d *exhDaemon) release() {
 		_ = f.Close()
 	}
 	d.held = nil
-	d.a.paused.Store(false)
-	d.b.paused.Store(false)
+	d.a.pause(false)
+	d.b.pause(false)
 }
 
 func TestExhaustionDaemonTellsTheTruth(t *testing.T) {
@@ -336,12 +263,7 @@ func TestExhaustionDaemonTellsTheTruth(t *testing.T) {
 	// Descriptors come back: a client is proxied again and /healthz
 	// follows within a beat.
 	d.release()
-	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := roundTrip(c, []byte("after exhaustion")); err != nil {
+	if err := roundTrip(dialProxy(t, d.proxyAddr), []byte("after exhaustion")); err != nil {
 		t.Fatalf("proxied connection after descriptors came back: %v", err)
 	}
 	waitFor(t, "/healthz to recover", func() bool {
@@ -394,46 +316,18 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 	}
 
 	// The health server is asked every 100 ms, each time on a new
-	// connection, for as long as the flood lasts.
+	// connection, for as long as the flood lasts. Starvation would mean no
+	// answer at all; newProber's 3 s tolerates a CI machine shared with
+	// other work, where 1 s flaked.
+	paths := []string{"/healthz", "/metrics"}
 	monitorDone := make(chan struct{})
-	var worst atomic.Int64
-	var asked, failed atomic.Int64
+	calls := make([][]floodCall, len(paths))
 	var monitor sync.WaitGroup
-	monitor.Go(func() {
-		tr := &http.Transport{DisableKeepAlives: true}
-		defer tr.CloseIdleConnections()
-		// Starvation would mean no answer at all; 3 s tolerates a CI
-		// machine shared with other work, where 1 s flaked.
-		const bound = 3 * time.Second
-		hc := &http.Client{Transport: tr, Timeout: bound}
-		for {
-			select {
-			case <-monitorDone:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			for _, path := range []string{"/healthz", "/metrics"} {
-				start := time.Now()
-				resp, err := hc.Get(d.healthBase + path)
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != http.StatusOK {
-						err = fmt.Errorf("status %d", resp.StatusCode)
-					}
-				}
-				took := time.Since(start)
-				asked.Add(1)
-				if err != nil || took > bound {
-					failed.Add(1)
-					t.Errorf("GET %s during the flood: %v after %v; want 200 within %v", path, err, took, bound)
-				}
-				if int64(took) > worst.Load() {
-					worst.Store(int64(took))
-				}
-			}
-		}
-	})
+	for i, path := range paths {
+		monitor.Go(func() {
+			calls[i] = callEvery(monitorDone, time.Now(), 100*time.Millisecond, newProber(), d.healthBase+path)
+		})
+	}
 	stopMonitor := sync.OnceFunc(func() { close(monitorDone); monitor.Wait() })
 	defer stopMonitor()
 
@@ -477,8 +371,18 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 	if got := exhMetric(page, "extractedprism_connections_active"); got != float64(bound) {
 		t.Errorf("connections_active while flooded: got %v; want the bound %d", got, bound)
 	}
-	fds := len(mustReadDir(t, "/proc/self/fd"))
+	fds := procOpenFDs(t)
 	stopMonitor()
+	asked, failed, worst := 0, 0, time.Duration(0)
+	for i, path := range paths {
+		for _, c := range calls[i] {
+			asked, worst = asked+1, max(worst, c.took)
+			if c.err != nil || c.code != http.StatusOK || c.took > probeTimeout {
+				failed++
+				t.Errorf("GET %s %v into the flood: status %d, %v after %v; want 200 within %v", path, c.at, c.code, c.err, c.took, probeTimeout)
+			}
+		}
+	}
 
 	if strings.Contains(d.logs.String(), "accept failing") {
 		t.Error("the accept loop ran out of descriptors during the flood; want the bound to keep the reserve free")
@@ -512,23 +416,9 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 		_, page := httpGet(d.healthBase + "/metrics")
 		return exhMetric(page, "extractedprism_connections_active") == 0
 	})
-	c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := roundTrip(c, []byte("after the flood")); err != nil {
+	if err := roundTrip(dialProxy(t, d.proxyAddr), []byte("after the flood")); err != nil {
 		t.Errorf("proxied connection after the flood: %v", err)
 	}
 	t.Logf("flood of %d clients (bound %d, backlog %d) dialed in %v; %d descriptors open of %d; health server asked %d times, %d failed, slowest %v",
-		flood, bound, somaxconn, dialed.Round(time.Millisecond), fds, lim.Cur, asked.Load(), failed.Load(), time.Duration(worst.Load()).Round(time.Millisecond))
-}
-
-func mustReadDir(t *testing.T, dir string) []os.DirEntry {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return entries
+		flood, bound, somaxconn, dialed.Round(time.Millisecond), fds, lim.Cur, asked, failed, worst.Round(time.Millisecond))
 }

@@ -111,32 +111,27 @@ func TestProxyRetriesWhenUpstreamStartsDrainingDuringDial(t *testing.T) {
 			ups := []*testUpstream{startUpstream(t, echo), startUpstream(t, echo), startUpstream(t, echo)}
 			listed := []string{ups[0].addr, ups[1].addr, ups[2].addr}
 			var pl atomic.Pointer[pool] // set before the client connects
-			var mu sync.Mutex
-			dials := 0
-			px := startProxyDial(t, poolConfig{drainTimeout: time.Minute}, func(realDial dialFunc) dialFunc {
-				return func(ctx context.Context, network, addr string) (net.Conn, error) {
-					c, err := realDial(ctx, network, addr)
-					mu.Lock()
-					defer mu.Unlock()
-					if dials++; dials <= tt.draining {
-						// The endpoint list loses addr while its dial is in flight.
+			var mu sync.Mutex           // guards listed
+			var dialled dialLog
+			wrap := func(d dialFunc) dialFunc {
+				return dialled.wrap(stepDial(func(_ context.Context, n int, addr string) error {
+					if n <= tt.draining { // the endpoint list loses addr while it is dialled
+						mu.Lock()
+						defer mu.Unlock()
 						listed = slices.DeleteFunc(listed, func(a string) bool { return a == addr })
 						pl.Load().update(listed)
 					}
-					return c, err
-				}
-			}, listed...)
+					return nil
+				})(d))
+			}
+			px := startProxyDial(t, poolConfig{drainTimeout: time.Minute}, wrap, listed...)
 			pl.Store(px.pool)
-			c := dialProxy(t, px.addr)
-			err := roundTrip(c, []byte("retried"))
+			err := roundTrip(dialProxy(t, px.addr), []byte("retried"))
 			if served := err == nil; served != tt.served {
 				t.Errorf("client served: got %v (%v); want %v", served, err, tt.served)
 			}
-			mu.Lock()
-			got := dials
-			mu.Unlock()
-			if got != 2 {
-				t.Errorf("upstream dials: got %d; want 2 (the drained one, then the one retry)", got)
+			if got := dialled.list(); len(got) != 2 {
+				t.Errorf("upstream dials: got %v; want 2 (the drained one, then the one retry)", got)
 			}
 			if got, want := testutil.ToFloat64(px.m.clientsRefused), 1-boolGauge(tt.served); got != want {
 				t.Errorf("clients_refused_total: got %v; want %v", got, want)
@@ -181,21 +176,17 @@ func TestDialOutOfDescriptorsRefusesClient(t *testing.T) {
 	exhausted.Store(true)
 	var dialled dialLog
 	wrap := func(d dialFunc) dialFunc {
-		return dialled.wrap(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return dialled.wrap(stepDial(func(ctx context.Context, _ int, _ string) error {
 			if exhausted.Load() {
-				return nil, outOfDescriptors(ctx)
+				return outOfDescriptors(ctx)
 			}
-			return d(ctx, network, addr)
-		})
+			return nil
+		})(d))
 	}
 	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
 	waitFor(t, "the first checks", func() bool { return checks.count(a.addr) == 1 && checks.count(b.addr) == 1 })
 
-	c := dialProxy(t, px.addr)
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if n, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, errTimeout(err)) {
-		t.Fatalf("client read with no descriptor for its dial: got %d bytes, %v; want the connection closed", n, err)
-	}
+	wantPeerClosed(t, dialProxy(t, px.addr), 5*time.Second, "with no descriptor for the client's dial")
 	if got := dialled.list(); len(got) != 1 {
 		t.Errorf("dials: got %v; want one, not retried on another upstream", got)
 	}
@@ -251,26 +242,15 @@ func TestHedgeFollowsFailedDial(t *testing.T) {
 	for range 3 {
 		addrs = append(addrs, startUpstream(t, echo).addr)
 	}
-	var mu sync.Mutex
-	dials := 0
-	wrap := func(d dialFunc) dialFunc {
-		return func(ctx context.Context, network, addr string) (net.Conn, error) {
-			mu.Lock()
-			dials++
-			n := dials
-			mu.Unlock()
-			switch n {
-			case 1: // refused late, like a restarting API server
-				time.Sleep(300 * time.Millisecond)
-				return nil, syscall.ECONNREFUSED
-			case 2: // a black hole
-				<-ctx.Done()
-				return nil, ctx.Err()
-			}
-			return d(ctx, network, addr)
+	px := startProxyDial(t, poolConfig{}, stepDial(func(ctx context.Context, n int, _ string) error {
+		switch n {
+		case 1:
+			return refusedAfter(300 * time.Millisecond)(ctx)
+		case 2:
+			return hang(ctx) // a black hole
 		}
-	}
-	px := startProxyDial(t, poolConfig{}, wrap, addrs...)
+		return nil
+	}), addrs...)
 	waitFor(t, "a hedge delay from measured connects", func() bool { return px.pool.snap.Load().hedgeDelay < 100*time.Millisecond })
 	start := time.Now()
 	c := dialProxy(t, px.addr)
@@ -289,18 +269,22 @@ func TestHedgeFollowsFailedDial(t *testing.T) {
 // which may have vanished. A dial called off sooner does not, nor does a
 // slow dial that wins, which has shown its upstream alive, nor a hedge that
 // failed for want of descriptors, which never reached its upstream (and
-// leaves the first dial to go on). None of them is a connection error.
+// leaves the first dial to go on). None of them is a connection error. A
+// dial that fails on its own (refused, not called off) just after its hedge
+// won is a failure of its upstream like any other: counted, and checked.
 func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 	tests := []struct {
 		name string
 		// first and hedge are what the first dial and its hedge do before
-		// they dial for real: wait, or hang until called off.
+		// they dial for real: wait, hang until called off, or fail.
 		first, hedge func(context.Context) error
-		wantChecked  [2]bool // the first dial's upstream, the hedge's
+		wantChecked  [2]bool    // the first dial's upstream, the hedge's
+		wantErrs     [2]float64 // their connection_errors_total
 	}{
-		{"slow first dial wins just after its hedge started", waitThen(600 * time.Millisecond), waitThen(600 * time.Millisecond), [2]bool{false, false}},
-		{"hanging first dial loses to its hedge", hang, waitThen(0), [2]bool{true, false}},
-		{"hedge out of descriptors while the first dial goes on", waitThen(600 * time.Millisecond), outOfDescriptors, [2]bool{false, false}},
+		{"slow first dial wins just after its hedge started", waitThen(600 * time.Millisecond), waitThen(600 * time.Millisecond), [2]bool{false, false}, [2]float64{}},
+		{"hanging first dial loses to its hedge", hang, waitThen(0), [2]bool{true, false}, [2]float64{}},
+		{"hedge out of descriptors while the first dial goes on", waitThen(600 * time.Millisecond), outOfDescriptors, [2]bool{false, false}, [2]float64{}},
+		{"first dial refused just after its hedge won", refusedAfter(700 * time.Millisecond), waitThen(0), [2]bool{true, false}, [2]float64{1, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -308,24 +292,14 @@ func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 			checks := newFakeChecks()
 			// A 125 ms connect time makes the hedge delay 500 ms.
 			checks.rtt[a.addr], checks.rtt[b.addr] = 125*time.Millisecond, 125*time.Millisecond
-			var mu sync.Mutex
-			var order []string // the upstreams dialed, each once
+			var dialled dialLog
 			wrap := func(d dialFunc) dialFunc {
-				return func(ctx context.Context, network, addr string) (net.Conn, error) {
-					mu.Lock()
-					if !slices.Contains(order, addr) {
-						order = append(order, addr)
+				return dialled.wrap(stepDial(func(ctx context.Context, n int, _ string) error {
+					if n == 1 {
+						return tt.first(ctx)
 					}
-					before := tt.first
-					if addr != order[0] {
-						before = tt.hedge
-					}
-					mu.Unlock()
-					if err := before(ctx); err != nil {
-						return nil, err
-					}
-					return d(ctx, network, addr)
-				}
+					return tt.hedge(ctx)
+				})(d))
 			}
 			px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
 			waitFor(t, "the first checks", func() bool { return checks.count(a.addr) == 1 && checks.count(b.addr) == 1 })
@@ -333,9 +307,7 @@ func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 			if err := roundTrip(dialProxy(t, px.addr), []byte("x")); err != nil {
 				t.Fatal(err)
 			}
-			mu.Lock()
-			dialed := slices.Clone(order)
-			mu.Unlock()
+			dialed := dialled.list()
 			if len(dialed) != 2 {
 				t.Fatalf("dials: got %v; want the first and its hedge", dialed)
 			}
@@ -346,56 +318,19 @@ func TestCalledOffSlowDialGetsChecked(t *testing.T) {
 				if checked != tt.wantChecked[i] {
 					t.Errorf("upstream of dial %d (%s) checked again: got %v; want %v", i, addr, checked, tt.wantChecked[i])
 				}
-				if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(addr)); got != 0 {
-					t.Errorf("connection_errors_total{upstream=%s} (dial %d): got %v; want 0", addr, i, got)
+				if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(addr)); got != tt.wantErrs[i] {
+					t.Errorf("connection_errors_total{upstream=%s} (dial %d): got %v; want %v", addr, i, got, tt.wantErrs[i])
 				}
 			}
 		})
 	}
 }
 
-// TestDialFailingAfterAnotherWonIsCounted: a dial that fails on its own
-// (refused, not called off) just after its hedge won is a failure of its
-// upstream like any other, counted in connection_errors_total.
-func TestDialFailingAfterAnotherWonIsCounted(t *testing.T) {
-	a, b := startUpstream(t, echo), startUpstream(t, echo)
-	checks := newFakeChecks()
-	// A 125 ms connect time makes the hedge delay 500 ms.
-	checks.rtt[a.addr], checks.rtt[b.addr] = 125*time.Millisecond, 125*time.Millisecond
-	var mu sync.Mutex
-	first := ""
-	wrap := func(d dialFunc) dialFunc {
-		return func(ctx context.Context, network, addr string) (net.Conn, error) {
-			mu.Lock()
-			if first == "" {
-				first = addr
-			}
-			isFirst := addr == first
-			mu.Unlock()
-			if isFirst { // refused late, and deaf to being called off
-				time.Sleep(700 * time.Millisecond)
-				return nil, &net.OpError{Op: "dial", Net: network, Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
-			}
-			return d(ctx, network, addr)
-		}
-	}
-	px := startProxyCheck(t, poolConfig{interval: time.Hour, timeout: time.Second}, checks.check, wrap, a.addr, b.addr)
-	waitFor(t, "a 500 ms hedge delay", func() bool { return px.pool.snap.Load().hedgeDelay == 500*time.Millisecond })
-	if err := roundTrip(dialProxy(t, px.addr), []byte("x")); err != nil {
-		t.Fatal(err)
-	}
-	mu.Lock()
-	lost := first
-	mu.Unlock()
-	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(lost)); got != 1 {
-		t.Errorf("connection_errors_total{upstream=%s} after its dial was refused as the hedge won: got %v; want 1", lost, got)
-	}
-}
-
 // TestLastResortFailureCountedWhileUpstreamsAvailable: in readyz mode an
 // unready but healthy upstream is dialled as a last resort once every
 // ready one has failed; some upstream was available, so its failure
-// counts, as the spec has it.
+// counts, as the spec has it. The client, whose every dial failed, is
+// refused: closed, counted, and not counted as a connection.
 func TestLastResortFailureCountedWhileUpstreamsAvailable(t *testing.T) {
 	ready, unready := deadAddr(t), deadAddr(t)
 	check := func(_ context.Context, addr string) checkResult {
@@ -409,14 +344,30 @@ func TestLastResortFailureCountedWhileUpstreamsAvailable(t *testing.T) {
 		return testutil.ToFloat64(px.m.upstreamReady.WithLabelValues(ready)) == 1 &&
 			testutil.ToFloat64(px.m.upstreamReady.WithLabelValues(unready)) == 0
 	})
-	c := dialProxy(t, px.addr)
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("read: got a byte through two refusing upstreams")
+	wantPeerClosed(t, dialProxy(t, px.addr), 5*time.Second, "through two refusing upstreams")
+	if got := testutil.ToFloat64(px.m.connectionsTotal); got != 0 {
+		t.Errorf("connections_total: got %v; want 0", got)
+	}
+	if got := testutil.ToFloat64(px.m.clientsRefused); got != 1 {
+		t.Errorf("clients_refused_total: got %v; want 1", got)
 	}
 	for _, addr := range []string{ready, unready} {
 		if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(addr)); got != 1 {
 			t.Errorf("connection_errors_total{upstream=%s}: got %v; want 1", addr, got)
+		}
+	}
+}
+
+// stepDial wraps a dial so that step runs before dial n (from 1) to addr
+// dials for real; an error it returns fails the dial.
+func stepDial(step func(ctx context.Context, n int, addr string) error) func(dialFunc) dialFunc {
+	var dials atomic.Int32
+	return func(d dialFunc) dialFunc {
+		return func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if err := step(ctx, int(dials.Add(1)), addr); err != nil {
+				return nil, err
+			}
+			return d(ctx, network, addr)
 		}
 	}
 }
@@ -435,6 +386,15 @@ func waitThen(d time.Duration) func(context.Context) error {
 // process has no descriptor left.
 func outOfDescriptors(context.Context) error {
 	return &net.OpError{Op: "dial", Err: os.NewSyscallError("socket", errEMFILE())}
+}
+
+// refusedAfter returns a dial step refused after d, deaf to being called
+// off, like a restarting API server.
+func refusedAfter(d time.Duration) func(context.Context) error {
+	return func(context.Context) error {
+		time.Sleep(d)
+		return &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	}
 }
 
 // hang is a dial step that hangs until ctx is done, like a black hole.

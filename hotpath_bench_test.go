@@ -98,35 +98,6 @@ func BenchmarkPick(b *testing.B) {
 	}
 }
 
-func BenchmarkPickFrom(b *testing.B) {
-	ups := []*upstream{{addr: benchAddrs[0]}, {addr: benchAddrs[1]}, {addr: benchAddrs[2]}}
-	for _, bc := range []struct {
-		name   string
-		groups [][]*upstream
-	}{
-		{"one-group-of-3", [][]*upstream{ups}},
-		{"tiers-2+1", [][]*upstream{ups[:2], ups[2:]}},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if pickFrom(bc.groups, nil) == nil {
-					b.Fatal("nothing picked")
-				}
-			}
-		})
-		b.Run(bc.name+"/2-tried", func(b *testing.B) {
-			tried := ups[:2]
-			b.ReportAllocs()
-			for b.Loop() {
-				if pickFrom(bc.groups, tried) != ups[2] {
-					b.Fatal("picked a tried upstream")
-				}
-			}
-		})
-	}
-}
-
 // newPipeConn returns a proxyConn over in-memory pipes, closed when b ends.
 func newPipeConn(b *testing.B) *proxyConn {
 	b.Helper()
@@ -194,23 +165,23 @@ func BenchmarkConnectedDetach(b *testing.B) {
 func BenchmarkMetricsPerConnection(b *testing.B) {
 	m := newMetrics(prometheus.NewRegistry())
 	errs := m.connectionErrors.WithLabelValues(benchAddrs[0])
+	update := func() {
+		m.connectionsTotal.Inc()
+		m.connectionsActive.Inc()
+		m.connectionsActive.Dec()
+		errs.Inc()
+	}
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			m.connectionsTotal.Inc()
-			m.connectionsActive.Inc()
-			m.connectionsActive.Dec()
-			errs.Inc()
+			update()
 		}
 	})
 	b.Run("parallel", func(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				m.connectionsTotal.Inc()
-				m.connectionsActive.Inc()
-				m.connectionsActive.Dec()
-				errs.Inc()
+				update()
 			}
 		})
 	})

@@ -57,14 +57,10 @@ func TestCgroupMemoryLimit(t *testing.T) {
 				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-					t.Fatal(err)
-				}
+				writeFile(t, path, content)
 			}
 			self := filepath.Join(t.TempDir(), "cgroup")
-			if err := os.WriteFile(self, []byte(tt.self), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			writeFile(t, self, tt.self)
 			if got := cgroupMemoryLimit(self, root); got != tt.want {
 				t.Errorf("got %d; want %d", got, tt.want)
 			}

@@ -21,73 +21,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestProxySurvivesDescriptorExhaustion: while the process is out of
-// descriptors, Accept fails with EMFILE and the accept loop backs off
-// instead of ending; the client waiting in the backlog meanwhile is served
-// once descriptors come back, and the stall is over. (TestExhaustion* run
-// the whole daemon out of descriptors.)
-func TestProxySurvivesDescriptorExhaustion(t *testing.T) {
-	up := startUpstream(t, echo)
-	px := startProxy(t, poolConfig{}, up.addr)
-	// The first health check runs at once; let it finish so that nothing
-	// but the test opens or closes descriptors while they are exhausted.
-	waitFor(t, "the first health check to end", func() bool {
-		return up.acceptedCount() == 1 && up.openCount() == 0
-	})
-	// Nor may anything left by earlier tests: a socket of theirs still
-	// closing, or a leaked file its finalizer closes, would free a
-	// descriptor after they are all taken, and Accept would not fail.
-	quietCounts(t)
-
-	var orig unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
-		t.Fatal(err)
-	}
-	entries, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	low := orig
-	low.Cur = uint64(len(entries) + 64)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
-		t.Fatal(err)
-	}
-	held := exhFill(t, nil)
-	release := func() {
-		for _, f := range held {
-			_ = f.Close()
-		}
-		held = nil
-		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &orig)
-	}
-	defer release()
-
-	// Free one descriptor for the client socket: the connection reaches the
-	// listen backlog, and the proxy's Accept fails with EMFILE.
-	_ = held[len(held)-1].Close()
-	held = held[:len(held)-1]
-	c, err := net.DialTimeout("tcp", px.addr, 5*time.Second)
-	if err != nil {
-		t.Fatalf("client dial with one descriptor free: %v", err)
-	}
-	defer c.Close()
-	waitFor(t, "Accept to report failure", func() bool { return px.acceptStalledFor() > 0 })
-	time.Sleep(50 * time.Millisecond) // several backoff rounds while exhausted
-	if up.acceptedCount() != 1 {
-		t.Fatal("the client reached the upstream while the proxy was out of descriptors")
-	}
-
-	release()
-	if err := roundTrip(c, []byte("accepted after EMFILE")); err != nil {
-		t.Fatalf("connection after descriptors freed: %v", err)
-	}
-	if got := px.acceptStalledFor(); got != 0 {
-		t.Errorf("accept stall after serving a client: got %v; want 0", got)
-	}
-}
-
-// sockOpt reads an int TCP option of c.
-func sockOpt(t *testing.T, c net.Conn, opt int) int {
+// sockOpt reads an int socket option of c.
+func sockOpt(t *testing.T, c net.Conn, level, opt int) int {
 	t.Helper()
 	rc, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
@@ -95,7 +30,7 @@ func sockOpt(t *testing.T, c net.Conn, opt int) int {
 	}
 	var v int
 	var serr error
-	if err := rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, opt) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
 		t.Fatal(err)
 	}
 	if serr != nil {
@@ -110,50 +45,66 @@ func TestClientSocketsGetKeepaliveAndUserTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	// The connect completes in the listen backlog, before Accept.
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	dialProxy(t, ln.Addr().String()) // the connect completes in the listen backlog, before Accept
 	c, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	prepareClient(c)
-	rc, err := c.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var keepalive int
-	_ = rc.Control(func(fd uintptr) { keepalive, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE) })
 	for _, o := range []struct {
-		name      string
-		opt, want int
+		name             string
+		level, opt, want int
 	}{
-		{"TCP_KEEPIDLE", unix.TCP_KEEPIDLE, 30},
-		{"TCP_KEEPINTVL", unix.TCP_KEEPINTVL, 15},
-		{"TCP_KEEPCNT", unix.TCP_KEEPCNT, 9},
-		{"TCP_USER_TIMEOUT", unix.TCP_USER_TIMEOUT, 30000},
-		{"TCP_NODELAY", unix.TCP_NODELAY, 1},
+		{"SO_KEEPALIVE", unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+		{"TCP_KEEPIDLE", unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, 30},
+		{"TCP_KEEPINTVL", unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, 15},
+		{"TCP_KEEPCNT", unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 9},
+		{"TCP_USER_TIMEOUT", unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, 30000},
+		{"TCP_NODELAY", unix.IPPROTO_TCP, unix.TCP_NODELAY, 1},
 	} {
-		if got := sockOpt(t, c, o.opt); got != o.want {
+		if got := sockOpt(t, c, o.level, o.opt); got != o.want {
 			t.Errorf("accepted socket %s = %d; want %d", o.name, got, o.want)
 		}
 	}
-	if keepalive != 1 {
-		t.Errorf("accepted socket SO_KEEPALIVE = %d; want 1", keepalive)
+}
+
+// proxyGoroutines counts the goroutines of proxied connections by what
+// they run: handle, copyHalf, or a dial.
+type proxyGoroutines struct{ handle, copy, dial int }
+
+// waitProxyGoroutines waits up to 5 s for the goroutines of proxied
+// connections to be want, and returns the last count.
+func waitProxyGoroutines(want proxyGoroutines) proxyGoroutines {
+	var n proxyGoroutines
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		buf := make([]byte, 8<<20)
+		n = proxyGoroutines{}
+		for g := range strings.SplitSeq(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			switch {
+			case strings.Contains(g, ".copyHalf("):
+				n.copy++
+			case strings.Contains(g, ".(*proxy).handle("):
+				n.handle++
+			case strings.Contains(g, ".(*proxy).dialAttempt("):
+				n.dial++
+			}
+		}
+		if n == want || time.Now().After(deadline) {
+			return n
+		}
 	}
 }
 
-// TestIdleConnectionsHoldAtMostFdsPerConn: an idle proxied connection
-// holds at most fdsPerConn descriptors, the figure the connection bound is
-// computed from: its two sockets and the splice pipe (two descriptors)
-// io.Copy keeps for each direction waiting for bytes. They are all
-// returned when it closes: the pipes go back to the runtime's pool, whose
-// descriptors close when the collector empties it.
-func TestIdleConnectionsHoldAtMostFdsPerConn(t *testing.T) {
+// TestIdleConnectionsHoldFdsPerConnAndThreeGoroutines: an idle proxied
+// connection holds at most fdsPerConn descriptors, the figure the
+// connection bound is computed from: its two sockets and the splice pipe
+// (two descriptors) io.Copy keeps for each direction waiting for bytes. It
+// keeps exactly three goroutines: handle, which dialled and now owns the
+// copies, and the two copyHalf; its dial's goroutine has ended. All of it
+// is returned when it closes: the pipes go back to the runtime's pool,
+// whose descriptors close when the collector empties it.
+func TestIdleConnectionsHoldFdsPerConnAndThreeGoroutines(t *testing.T) {
 	up := startUpstream(t, exhEcho) // buffered: the upstream holds no pipes itself
 	px := startProxy(t, poolConfig{}, up.addr)
 	waitFor(t, "the first health check to end", func() bool { return up.acceptedCount() == 1 && up.openCount() == 0 })
@@ -166,9 +117,17 @@ func TestIdleConnectionsHoldAtMostFdsPerConn(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, fd1 := quietCounts(t)
-	// Each connection costs this process two more descriptors than it
-	// costs the daemon: the client's socket and the upstream's.
+	want := proxyGoroutines{handle: conns, copy: 2 * conns}
+	if got := waitProxyGoroutines(want); got != want {
+		t.Errorf("goroutines of %d idle connections: got %+v; want %+v", conns, got, want)
+	}
+	g1, fd1 := quietCounts(t)
+	// Nothing else stays: the process has the three goroutines per
+	// connection and the upstream's handler of each; and two descriptors
+	// more than the daemon: the client's socket and the upstream's.
+	if g1-g0 != 4*conns {
+		t.Errorf("goroutines added by %d idle connections: got %d; want %d (3 each, and the upstream's handler)", conns, g1-g0, 4*conns)
+	}
 	perConn := float64(fd1-fd0)/conns - 2
 	t.Logf("%d idle connections: %.2f descriptors each in the proxy", conns, perConn)
 	if perConn > fdsPerConn {
@@ -177,71 +136,12 @@ func TestIdleConnectionsHoldAtMostFdsPerConn(t *testing.T) {
 	for _, c := range clients {
 		_ = c.Close()
 	}
+	if got := waitProxyGoroutines(proxyGoroutines{}); got != (proxyGoroutines{}) {
+		t.Errorf("goroutines after the connections closed: got %+v; want none", got)
+	}
 	waitFor(t, "connections_active to return to 0", func() bool { return testutil.ToFloat64(px.m.connectionsActive) == 0 })
 	if g, fd := settleCounts(t, g0, fd0, 0); fd > fd0 {
 		t.Errorf("descriptors after the connections closed: got %d (goroutines %d); want at most %d, as before them", fd, g, fd0)
-	}
-}
-
-// proxyGoroutines counts the goroutines of proxied connections by what
-// they run: handle, copyHalf, or a dial.
-type proxyGoroutines struct{ handle, copy, dial int }
-
-func countProxyGoroutines() proxyGoroutines {
-	buf := make([]byte, 8<<20)
-	var n proxyGoroutines
-	for g := range strings.SplitSeq(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-		switch {
-		case strings.Contains(g, ".copyHalf("):
-			n.copy++
-		case strings.Contains(g, ".(*proxy).handle("):
-			n.handle++
-		case strings.Contains(g, ".(*proxy).dialAttempt("):
-			n.dial++
-		}
-	}
-	return n
-}
-
-// TestIdleConnectionsKeepThreeGoroutines: an idle proxied connection keeps
-// exactly three goroutines: handle, which dialled and now owns the copies,
-// and the two copyHalf. Its dial's goroutine has ended, and the three end
-// with the connection.
-func TestIdleConnectionsKeepThreeGoroutines(t *testing.T) {
-	up := startUpstream(t, exhEcho)
-	px := startProxy(t, poolConfig{}, up.addr)
-	waitFor(t, "the first health check to end", func() bool { return up.acceptedCount() == 1 && up.openCount() == 0 })
-	g0, _ := quietCounts(t)
-	const conns = 20
-	clients := make([]net.Conn, conns)
-	for i := range clients {
-		clients[i] = dialProxy(t, px.addr)
-		if err := roundTrip(clients[i], []byte("idle")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want := proxyGoroutines{handle: conns, copy: 2 * conns}
-	got := countProxyGoroutines()
-	for deadline := time.Now().Add(5 * time.Second); got != want && time.Now().Before(deadline); got = countProxyGoroutines() {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if got != want {
-		t.Errorf("goroutines of %d idle connections: got %+v; want %+v", conns, got, want)
-	}
-	// Nothing else stays: the process has the three per connection and
-	// the upstream's handler of each.
-	if g, _ := quietCounts(t); g-g0 != 4*conns {
-		t.Errorf("goroutines added by %d idle connections: got %d; want %d (3 each, and the upstream's handler)", conns, g-g0, 4*conns)
-	}
-	for _, c := range clients {
-		_ = c.Close()
-	}
-	got = countProxyGoroutines()
-	for deadline := time.Now().Add(5 * time.Second); got != (proxyGoroutines{}) && time.Now().Before(deadline); got = countProxyGoroutines() {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if got != (proxyGoroutines{}) {
-		t.Errorf("goroutines after the connections closed: got %+v; want none", got)
 	}
 }
 
@@ -384,11 +284,7 @@ func TestUpstreamResetDeliversAcceptedAnswer(t *testing.T) {
 			acked := make(chan bool, 1)
 			up := startUpstream(t, answerThenReset(10, size, acked))
 			px := startProxy(t, poolConfig{}, up.addr)
-			c, err := net.DialTimeout("tcp", px.addr, 5*time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
+			c := dialProxy(t, px.addr)
 			if _, err := c.Write(make([]byte, 10)); err != nil {
 				t.Fatal(err)
 			}
@@ -445,11 +341,7 @@ func TestClientResetDeliversAcceptedUpload(t *testing.T) {
 		}
 	})
 	px := startProxy(t, poolConfig{}, up.addr)
-	c, err := net.DialTimeout("tcp", px.addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialProxy(t, px.addr)
 	if _, err := c.Write(make([]byte, size)); err != nil {
 		t.Fatal(err)
 	}
@@ -457,7 +349,7 @@ func TestClientResetDeliversAcceptedUpload(t *testing.T) {
 		ti, ok := tcpInfo(c)
 		return ok && ti.Unacked == 0 && ti.Notsent_bytes == 0
 	})
-	_ = c.(*net.TCPConn).SetLinger(0)
+	_ = c.SetLinger(0)
 	_ = c.Close()
 	select {
 	case r := <-got:
@@ -477,14 +369,9 @@ func TestClientResetDeliversAcceptedUpload(t *testing.T) {
 // be had on demand here.
 type refusingRawConn struct{}
 
-func (refusingRawConn) Control(func(uintptr)) error { return syscall.ENOPROTOOPT }
-func (refusingRawConn) Read(func(uintptr) bool) error {
-	return syscall.ENOPROTOOPT
-}
-
-func (refusingRawConn) Write(func(uintptr) bool) error {
-	return syscall.ENOPROTOOPT
-}
+func (refusingRawConn) Control(func(uintptr)) error    { return syscall.ENOPROTOOPT }
+func (refusingRawConn) Read(func(uintptr) bool) error  { return syscall.ENOPROTOOPT }
+func (refusingRawConn) Write(func(uintptr) bool) error { return syscall.ENOPROTOOPT }
 
 // TestUserTimeoutRefusedDoesNotFailDials: the upstream dialer's Control
 // lets the dial go on when TCP_USER_TIMEOUT cannot be set, and says so
@@ -510,14 +397,8 @@ func TestUserTimeoutRefusedDoesNotFailDials(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	rc, err := c.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ms int
-	_ = rc.Control(func(fd uintptr) { ms, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT) })
-	if want := int(tcpUserTimeout.Milliseconds()); ms != want {
-		t.Errorf("TCP_USER_TIMEOUT %d ms; want %d", ms, want)
+	if ms := sockOpt(t, c, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT); ms != int(tcpUserTimeout.Milliseconds()) {
+		t.Errorf("TCP_USER_TIMEOUT %d ms; want %d", ms, tcpUserTimeout.Milliseconds())
 	}
 	if logs.String() != "" {
 		t.Errorf("log: %s; want nothing", logs.String())
@@ -548,10 +429,7 @@ func TestYieldedConnectionEndsWithinFlushTimeout(t *testing.T) {
 		}
 	})
 	px := startProxy(t, poolConfig{}, up.addr)
-	c, err := net.DialTimeout("tcp", px.addr, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := dialProxy(t, px.addr)
 	go func() {
 		buf := make([]byte, 64<<10)
 		for {
@@ -565,7 +443,7 @@ func TestYieldedConnectionEndsWithinFlushTimeout(t *testing.T) {
 		return ok && ti.Notsent_bytes > 0
 	})
 	time.Sleep(500 * time.Millisecond)
-	_ = c.(*net.TCPConn).SetLinger(0)
+	_ = c.SetLinger(0)
 	_ = c.Close() // the client resets
 	start := time.Now()
 	const bound = flushTimeout + 2*time.Second
