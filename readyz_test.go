@@ -392,6 +392,18 @@ func TestReadyzProbeBoundedByDeadline(t *testing.T) {
 	}
 }
 
+// rzCountingConn counts the bytes a probe read from an upstream's answer.
+type rzCountingConn struct {
+	net.Conn
+	read atomic.Int64
+}
+
+func (c *rzCountingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
 // rzEndlessHeader answers any request with a header line that never ends,
 // until the client goes away or 5 s pass.
 func rzEndlessHeader(cert tls.Certificate) func(net.Conn) {
@@ -433,7 +445,7 @@ func TestReadyzProbeBoundsResponseSize(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := &hostileCountingConn{Conn: raw}
+		c := &rzCountingConn{Conn: raw}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		start := time.Now()
 		err = pki.probe().probe(ctx, c)
