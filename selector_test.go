@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"reflect"
 	"slices"
 	"testing"
@@ -58,53 +57,6 @@ func TestBuildTiers(t *testing.T) {
 				t.Errorf("got %v; want %v", got, tt.want)
 			}
 		})
-	}
-}
-
-func TestBuildTiersProperties(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 2))
-	for iter := range 2000 {
-		n := 1 + r.IntN(12)
-		var s []rttSample
-		avg := map[string]time.Duration{}
-		for i := range n {
-			a := fmt.Sprintf("u%d", i)
-			d := time.Duration(r.Int64N(int64(200 * ms)))
-			s = append(s, rttSample{addr: a, avg: d})
-			avg[a] = d
-		}
-		prev := map[string]int{}
-		for _, x := range s {
-			if r.IntN(3) > 0 {
-				prev[x.addr] = r.IntN(4)
-			}
-		}
-		tiers := buildTiers(s, prev)
-		seen := map[string]int{}
-		lastBest := time.Duration(-1)
-		for _, tier := range tiers {
-			if len(tier) == 0 {
-				t.Fatalf("iteration %d: empty tier in %v", iter, tiers)
-			}
-			best := avg[tier[0]]
-			for _, a := range tier {
-				seen[a]++
-				best = min(best, avg[a])
-			}
-			if best <= lastBest {
-				t.Fatalf("iteration %d: tiers not ordered by best average: %v", iter, tiers)
-			}
-			lastBest = best
-		}
-		for _, x := range s {
-			if seen[x.addr] != 1 {
-				t.Fatalf("iteration %d: %s in %d tiers; want exactly 1", iter, x.addr, seen[x.addr])
-			}
-		}
-		again := buildTiers(s, groupsOf(tiers))
-		if !reflect.DeepEqual(again, tiers) {
-			t.Fatalf("iteration %d: rebuild with unchanged averages: got %v; want %v", iter, again, tiers)
-		}
 	}
 }
 
