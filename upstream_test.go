@@ -843,13 +843,13 @@ func TestReadinessStateMachine(t *testing.T) {
 // TestReadyUpstreamAfterFailedConnect: an upstream whose connect failed
 // once keeps its readiness, but new connections avoid it while another
 // ready upstream has not failed since its probe, until its next probe
-// passes; alone among the ready it still beats an unready one, and other
-// upstreams' evictions go on.
+// passes. (Alone among the ready it still beats an unready one and other
+// upstreams' evictions go on: TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout.)
 func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp := newReadyzPool(defaultTestPool)
 		defer tp.close()
-		const a, b, c = "10.0.0.1:6443", "10.0.0.2:6443", "10.0.0.3:6443"
+		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
 		tp.update([]string{a, b})
 		synctest.Wait()
 		tp.checks.set(a, true) // the next check of a fails to connect
@@ -871,24 +871,6 @@ func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
 			t.Errorf("a's readiness in /upstreams after its probe passed: got %q; want ready", got)
 		}
 
-		// c is not ready; once b has gone, a is the only ready upstream.
-		tp.checks.setUnready(c, true)
-		tp.update([]string{a, c})
-		synctest.Wait()
-		tp.attach(t, tp.upstream(c))
-		tp.checks.set(a, true)
-		time.Sleep(20 * time.Second)
-		synctest.Wait()
-		if got := picks(tp.pool, 200); got[a] != 200 {
-			t.Errorf("a, the only ready upstream, failed one connect: picks %v; want a only, not unready c", got)
-		}
-		uc := tp.upstream(c)
-		tp.mu.Lock()
-		evicting := uc.evict.pending() || uc.evicted
-		tp.mu.Unlock()
-		if !evicting {
-			t.Error("c's connections: eviction called off by a's one failed connect; want it to go on")
-		}
 	})
 }
 
@@ -922,17 +904,32 @@ func evictionSetup(t *testing.T, drain time.Duration) (tp *testPool, clientEnd n
 	return tp, clientEnd
 }
 
+// The connections of an unready upstream close at the drain timeout, not
+// before, under the pool's lock. A single failed connect of b, the only
+// other ready upstream, meanwhile keeps b ready and first in line and does
+// not call the closing off: it would otherwise restart with a full drain
+// timeout after every lost SYN.
 func TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp, held := evictionSetup(t, 30*time.Second)
 		defer tp.close()
-		const a = "10.0.0.1:6443"
+		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
 		u := tp.upstream(a)
 		checked := tp.attachLockChecked(t, u)
 		tp.checks.setUnready(a, true)
 		time.Sleep(40 * time.Second) // second failed probe at 40 s: not ready
 		synctest.Wait()
-		time.Sleep(30*time.Second - time.Nanosecond)
+		tp.checks.set(b, true)
+		time.Sleep(21 * time.Second) // b's check at 60 s fails
+		synctest.Wait()
+		tp.checks.set(b, false)
+		if !tp.rd(b).ready {
+			t.Fatal("after one failed check of b: b not ready; want ready")
+		}
+		if got := picks(tp.pool, 200); got[b] != 200 {
+			t.Errorf("b, the only ready upstream, failed one connect: picks %v; want b only, not unready a", got)
+		}
+		time.Sleep(9*time.Second - time.Nanosecond)
 		synctest.Wait()
 		if checked.closed.Load() || !tp.pendingOf(&u.evict) {
 			t.Fatalf("just before the drain timeout: closed=%v, closing pending=%v; want open, pending",
@@ -1031,34 +1028,6 @@ func TestFailedDialsResetReadiness(t *testing.T) {
 		}
 		if got := tp.readyGauge(a); got != 0 {
 			t.Errorf("after two failed dials: upstream_ready got %v; want 0", got)
-		}
-	})
-}
-
-// TestOneFailedCheckKeepsEvictionGoing: a single failed connect of the
-// only ready upstream neither makes it unready nor calls off the closing
-// of an unready upstream's connections, which would otherwise restart with
-// a full drain timeout after every lost SYN.
-func TestOneFailedCheckKeepsEvictionGoing(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		tp, held := evictionSetup(t, 30*time.Second)
-		defer tp.close()
-		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
-		tp.checks.setUnready(a, true)
-		time.Sleep(45 * time.Second) // a not ready at 40 s: closing due at 70 s
-		synctest.Wait()
-		tp.checks.set(b, true)
-		time.Sleep(16 * time.Second) // b's check at 60 s fails
-		synctest.Wait()
-		tp.checks.set(b, false)
-		bReady, aPending := tp.rd(b).ready, tp.pendingOf(&tp.upstream(a).evict)
-		if !bReady || !aPending {
-			t.Fatalf("after one failed check of b: b ready=%v, a's closing pending=%v; want both", bReady, aPending)
-		}
-		time.Sleep(10 * time.Second) // past 70 s
-		synctest.Wait()
-		if !isClosed(held) {
-			t.Fatal("connection of the unready upstream still open past the drain timeout")
 		}
 	})
 }
