@@ -945,14 +945,8 @@ type mergedHarness struct {
 // inside the bubble, with a daemon to apply its union; the test stops it.
 func startMerged(t *testing.T, static, cached []string, providers ...provider) *mergedHarness {
 	reg := prometheus.NewRegistry()
-	return startMergedOn(t, reg, newMetrics(reg), static, cached, providers...)
-}
-
-// startMergedOn is startMerged with metrics m, registered on reg, which
-// the providers may share.
-func startMergedOn(t *testing.T, reg *prometheus.Registry, m *metrics, static, cached []string, providers ...provider) *mergedHarness {
-	h := &mergedHarness{reg: reg, m: m, done: make(chan struct{})}
-	h.mp = newMergedProvider(testLogger(t), m, static, cached, providers...)
+	h := &mergedHarness{reg: reg, m: newMetrics(reg), done: make(chan struct{})}
+	h.mp = newMergedProvider(testLogger(t), h.m, static, cached, providers...)
 	// apply's pool is closed, so its update does nothing: no probe timer
 	// keeps the bubble from reporting a deadlock. What apply applies is
 	// what it returns.
@@ -969,8 +963,8 @@ func startMergedOn(t *testing.T, reg *prometheus.Registry, m *metrics, static, c
 // sent returns what the run loop applies once everything has settled: if
 // the notify channel holds a wake-up, it takes it and calls the daemon's
 // apply, as the loop does, and returns the list apply applied when that
-// differs from the last one; nothing otherwise.
-func (h *mergedHarness) sent() [][]string {
+// differs from the last one; nil otherwise.
+func (h *mergedHarness) sent() []string {
 	synctest.Wait()
 	select {
 	case <-h.mp.notify:
@@ -982,14 +976,14 @@ func (h *mergedHarness) sent() [][]string {
 		return nil
 	}
 	h.last = applied
-	return [][]string{applied}
+	return applied
 }
 
 // wantApplied checks that the run loop, woken now, applies want.
 func (h *mergedHarness) wantApplied(t *testing.T, when string, want ...string) {
 	t.Helper()
-	if got := h.sent(); len(got) != 1 || !slices.Equal(got[0], want) {
-		t.Errorf("%s: applied %q; want %q", when, got, [][]string{want})
+	if got := h.sent(); got == nil || !slices.Equal(got, want) {
+		t.Errorf("%s: applied %q; want %q", when, got, want)
 	}
 }
 
@@ -997,7 +991,7 @@ func (h *mergedHarness) wantApplied(t *testing.T, when string, want ...string) {
 // nothing.
 func (h *mergedHarness) wantNothingApplied(t *testing.T, when string) {
 	t.Helper()
-	if got := h.sent(); len(got) != 0 {
+	if got := h.sent(); got != nil {
 		t.Errorf("%s: applied %q; want nothing", when, got)
 	}
 }
