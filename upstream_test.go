@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strings"
@@ -114,6 +115,7 @@ func newTestPool(cfg poolConfig) *testPool {
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m := newMetrics(prometheus.NewRegistry())
 	checks := newFakeChecks()
+	checks.readyz = cfg.readyz
 	return &testPool{pool: newPool(log, m, cfg, checks.check, randomSelector{}), m: m, checks: checks, logs: logs}
 }
 
@@ -597,10 +599,15 @@ func TestLastResortOrder(t *testing.T) {
 	})
 }
 
-// newLatencyPool is newTestPool with latency selection.
-func newLatencyPool(cfg poolConfig) *testPool {
-	tp := newTestPool(cfg)
+// latencyPoolOf is poolOf with latency selection, serving the upstreams of
+// rtts, each checked at its connect time.
+func latencyPoolOf(t *testing.T, rtts map[string]time.Duration) *testPool {
+	tp := newTestPool(defaultTestPool)
 	tp.sel = newLatencySelector(tp.m)
+	t.Cleanup(tp.close)
+	maps.Copy(tp.checks.rtt, rtts)
+	tp.update(slices.Sorted(maps.Keys(rtts)))
+	synctest.Wait()
 	return tp
 }
 
@@ -617,14 +624,8 @@ func picks(p *pool, n int) map[string]int {
 
 func TestLatencySelectionPrefersLowestTier(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newLatencyPool(defaultTestPool)
-		defer tp.close()
 		const near1, near2, far = "10.0.0.1:6443", "10.0.0.2:6443", "10.0.9.1:6443"
-		tp.checks.rtt[near1] = 1 * time.Millisecond
-		tp.checks.rtt[near2] = 2 * time.Millisecond
-		tp.checks.rtt[far] = 40 * time.Millisecond
-		tp.update([]string{near1, near2, far})
-		synctest.Wait()
+		tp := latencyPoolOf(t, map[string]time.Duration{near1: 1 * ms, near2: 2 * ms, far: 40 * ms})
 		got := picks(tp.pool, 1000)
 		if got[far] != 0 || got[near1] < 300 || got[near2] < 300 {
 			t.Errorf("picks: got %v; want near1 and near2 about evenly, far never", got)
@@ -661,13 +662,8 @@ func TestLatencySelectionPrefersLowestTier(t *testing.T) {
 
 func TestLatencyNewUpstreamSharesOnlyBestTier(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newLatencyPool(defaultTestPool)
-		defer tp.close()
 		const near, far, fresh = "10.0.0.1:6443", "10.0.9.1:6443", "10.0.0.7:6443"
-		tp.checks.rtt[near] = 1 * time.Millisecond
-		tp.checks.rtt[far] = 40 * time.Millisecond
-		tp.update([]string{near, far})
-		synctest.Wait()
+		tp := latencyPoolOf(t, map[string]time.Duration{near: 1 * ms, far: 40 * ms})
 		tp.checks.block[fresh] = true // its first check hangs: no sample yet
 		tp.update([]string{near, far, fresh})
 		got := picks(tp.pool, 1000)
@@ -682,14 +678,8 @@ func TestLatencyNewUpstreamSharesOnlyBestTier(t *testing.T) {
 
 func TestLatencyRemovedUpstreamLeavesTiersAfterDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newLatencyPool(defaultTestPool)
-		defer tp.close()
 		const a, b, c = "10.0.0.1:6443", "10.0.0.2:6443", "10.0.9.1:6443"
-		tp.checks.rtt[a] = 1 * time.Millisecond
-		tp.checks.rtt[b] = 20 * time.Millisecond
-		tp.checks.rtt[c] = 30 * time.Millisecond
-		tp.update([]string{a, b, c})
-		synctest.Wait()
+		tp := latencyPoolOf(t, map[string]time.Duration{a: 1 * ms, b: 20 * ms, c: 30 * ms})
 		tp.attach(t, tp.upstream(a))
 		tp.update([]string{b, c}) // a drains with a connection open
 		// While a drains it keeps tier 0, so b and c share tier 1.
@@ -714,9 +704,9 @@ func TestLatencyRemovedUpstreamLeavesTiersAfterDrain(t *testing.T) {
 // the interval.
 func TestQuickRecheckConfirmsFailureInSeconds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := defaultTestPool
+		cfg := readyzTestPool
 		cfg.quickRecheck = time.Second
-		tp := newReadyzPool(cfg)
+		tp := newTestPool(cfg)
 		defer tp.close()
 		const a = "10.0.0.1:6443"
 		start := time.Now()
@@ -774,13 +764,7 @@ func TestFailedDialTriggersCheckUnlessExcluded(t *testing.T) {
 	})
 }
 
-// newReadyzPool is newTestPool with readiness probes.
-func newReadyzPool(cfg poolConfig) *testPool {
-	cfg.readyz = true
-	tp := newTestPool(cfg)
-	tp.checks.readyz = true
-	return tp
-}
+var readyzTestPool = func(c poolConfig) poolConfig { c.readyz = true; return c }(defaultTestPool)
 
 func (tp *testPool) readyGauge(addr string) float64 {
 	return testutil.ToFloat64(tp.m.upstreamReady.WithLabelValues(addr))
@@ -788,7 +772,7 @@ func (tp *testPool) readyGauge(addr string) float64 {
 
 func TestReadinessStateMachine(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newReadyzPool(defaultTestPool)
+		tp := newTestPool(readyzTestPool)
 		defer tp.close()
 		const a = "10.0.0.1:6443"
 		tp.checks.setUnready(a, true)
@@ -847,11 +831,8 @@ func TestReadinessStateMachine(t *testing.T) {
 // upstreams' evictions go on: TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout.)
 func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newReadyzPool(defaultTestPool)
-		defer tp.close()
 		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
-		tp.update([]string{a, b})
-		synctest.Wait()
+		tp := poolOf(t, readyzTestPool, a, b)
 		tp.checks.set(a, true) // the next check of a fails to connect
 		time.Sleep(20 * time.Second)
 		synctest.Wait()
@@ -876,12 +857,11 @@ func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
 
 func TestReadinessFiltersBeforeLatencyTiers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newReadyzPool(defaultTestPool)
+		tp := newTestPool(readyzTestPool)
 		tp.sel = newLatencySelector(tp.m)
 		defer tp.close()
 		const near, far = "10.0.0.1:6443", "10.0.9.1:6443"
-		tp.checks.rtt[near] = time.Millisecond
-		tp.checks.rtt[far] = 50 * time.Millisecond
+		tp.checks.rtt[near], tp.checks.rtt[far] = ms, 50*ms
 		tp.checks.setUnready(near, true)
 		tp.update([]string{near, far})
 		synctest.Wait()
@@ -895,11 +875,9 @@ func TestReadinessFiltersBeforeLatencyTiers(t *testing.T) {
 // held on a.
 func evictionSetup(t *testing.T, drain time.Duration) (tp *testPool, clientEnd net.Conn) {
 	t.Helper()
-	cfg := defaultTestPool
+	cfg := readyzTestPool
 	cfg.drainTimeout = drain
-	tp = newReadyzPool(cfg)
-	tp.update([]string{"10.0.0.1:6443", "10.0.0.2:6443"})
-	synctest.Wait()
+	tp = poolOf(t, cfg, "10.0.0.1:6443", "10.0.0.2:6443")
 	_, clientEnd = tp.attach(t, tp.upstream("10.0.0.1:6443"))
 	return tp, clientEnd
 }
@@ -912,7 +890,6 @@ func evictionSetup(t *testing.T, drain time.Duration) (tp *testPool, clientEnd n
 func TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp, held := evictionSetup(t, 30*time.Second)
-		defer tp.close()
 		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
 		u := tp.upstream(a)
 		checked := tp.attachLockChecked(t, u)
@@ -958,7 +935,6 @@ func TestEvictionCalledOff(t *testing.T) {
 				// a is not ready at 40 s, so its connections would close
 				// at 100 s; the change takes effect by 80 s.
 				tp, held := evictionSetup(t, 60*time.Second)
-				defer tp.close()
 				tp.checks.setUnready(a, true)
 				time.Sleep(40 * time.Second)
 				synctest.Wait()
@@ -982,7 +958,6 @@ func TestEvictionCalledOff(t *testing.T) {
 func TestEvictionDrainZeroClosesAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp, held := evictionSetup(t, 0)
-		defer tp.close()
 		const a = "10.0.0.1:6443"
 		tp.checks.set(a, true)
 		time.Sleep(40 * time.Second)
@@ -1004,11 +979,8 @@ func TestEvictionDrainZeroClosesAtOnce(t *testing.T) {
 // as failed checks would, so upstream_ready and health_check_status agree.
 func TestFailedDialsResetReadiness(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp := newReadyzPool(defaultTestPool)
-		defer tp.close()
 		const a = "10.0.0.1:6443"
-		tp.update([]string{a})
-		synctest.Wait()
+		tp := poolOf(t, readyzTestPool, a)
 		u := tp.upstream(a)
 		// The check a failed dial asks for hangs, so only the dials decide.
 		tp.checks.mu.Lock()
