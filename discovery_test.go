@@ -67,7 +67,6 @@ func sliceCache(list ...*discoveryv1.EndpointSlice) map[string]*discoveryv1.Endp
 	return cache
 }
 
-// withType and withPorts set the address type or the ports of s.
 func withType(s *discoveryv1.EndpointSlice, t discoveryv1.AddressType) *discoveryv1.EndpointSlice {
 	s.AddressType = t
 	return s
@@ -225,7 +224,6 @@ func forwardCall[R any](calls chan apiCall[R], over chan struct{}, namespace str
 	}
 }
 
-// nextCall waits for a call on calls.
 func nextCall[R any](t *testing.T, calls chan apiCall[R], what string) apiCall[R] {
 	t.Helper()
 	select {
@@ -308,7 +306,6 @@ func (h *kubeHarness) answerList(resourceVersion string, items ...*discoveryv1.E
 	return c
 }
 
-// failList waits for a List call and fails it.
 func (h *kubeHarness) failList(err error) listCall {
 	h.t.Helper()
 	c := h.nextList()
@@ -326,7 +323,6 @@ func (h *kubeHarness) openWatch() (*watch.RaceFreeFakeWatcher, watchCall) {
 	return fw, c
 }
 
-// failWatch waits for a Watch call and fails it.
 func (h *kubeHarness) failWatch(err error) watchCall {
 	h.t.Helper()
 	c := h.nextWatch()
@@ -334,7 +330,6 @@ func (h *kubeHarness) failWatch(err error) watchCall {
 	return c
 }
 
-// expectOut checks that the next list the provider published is want.
 func (h *kubeHarness) expectOut(want ...string) {
 	h.t.Helper()
 	select {
@@ -347,7 +342,6 @@ func (h *kubeHarness) expectOut(want ...string) {
 	}
 }
 
-// expectNoOut checks that the provider has published nothing more.
 func (h *kubeHarness) expectNoOut() {
 	h.t.Helper()
 	synctest.Wait()
@@ -371,7 +365,6 @@ func (h *kubeHarness) start() {
 
 var errUnavailable = apierrors.NewServiceUnavailable("etcd is unavailable")
 
-// statusEvent is the object of a watch error event.
 func statusEvent(code int32, reason metav1.StatusReason) *metav1.Status {
 	return &metav1.Status{Status: metav1.StatusFailure, Code: code, Reason: reason, Message: string(reason)}
 }
@@ -734,32 +727,44 @@ current-context: ctx
 }
 
 func TestKubeRESTConfig(t *testing.T) {
-	saDir := t.TempDir()
+	saDir, tokenOnly := t.TempDir(), t.TempDir()
 	writeFile(t, filepath.Join(saDir, "token"), "sa-token")
 	writeFile(t, filepath.Join(saDir, "ca.crt"), "not read here")
+	writeFile(t, filepath.Join(tokenOnly, "token"), "sa-token")
 	token, ca := filepath.Join(saDir, "token"), filepath.Join(saDir, "ca.crt")
 	const local, svc = "127.0.0.1:7445", "kubernetes.default.svc"
+	other := errors.New("another error")
 	tests := []struct {
 		name  string
 		cfg   kubeProviderConfig
 		saDir string
 		want  []string // Host, ServerName, BearerToken, BearerTokenFile, CAFile
+		err   error    // errNoKubeCredentials, other or nil
 	}{
 		{"kubeconfig server is replaced", kubeProviderConfig{LocalAddr: local, ServerName: svc, Kubeconfig: testKubeconfig(t, "")},
-			t.TempDir(), []string{"https://" + local, svc, "secret-token", "", ""}},
+			t.TempDir(), []string{"https://" + local, svc, "secret-token", "", ""}, nil},
 		{"kubeconfig server name is kept", kubeProviderConfig{LocalAddr: local, ServerName: svc,
 			Kubeconfig: testKubeconfig(t, "    tls-server-name: api.example.com")},
-			t.TempDir(), []string{"https://" + local, "api.example.com", "secret-token", "", ""}},
+			t.TempDir(), []string{"https://" + local, "api.example.com", "secret-token", "", ""}, nil},
 		{"in-cluster files, token read from its file", kubeProviderConfig{LocalAddr: local, ServerName: svc},
-			saDir, []string{"https://" + local, svc, "", token, ca}},
+			saDir, []string{"https://" + local, svc, "", token, ca}, nil},
 		{"IPv6 listener", kubeProviderConfig{LocalAddr: "[::1]:7445", ServerName: svc},
-			saDir, []string{"https://[::1]:7445", svc, "", token, ca}},
+			saDir, []string{"https://[::1]:7445", svc, "", token, ca}, nil},
+		{"no kubeconfig, no service account", kubeProviderConfig{LocalAddr: local}, t.TempDir(), nil, errNoKubeCredentials},
+		{"no kubeconfig, token without CA", kubeProviderConfig{LocalAddr: local}, tokenOnly, nil, errNoKubeCredentials},
+		{"kubeconfig set but missing", kubeProviderConfig{LocalAddr: local,
+			Kubeconfig: filepath.Join(t.TempDir(), "absent")}, t.TempDir(), nil, other},
+		{"listener address without port", kubeProviderConfig{LocalAddr: "127.0.0.1",
+			Kubeconfig: testKubeconfig(t, "")}, t.TempDir(), nil, other},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			rc, err := kubeRESTConfig(tc.cfg, tc.saDir)
+			if (err != nil) != (tc.err != nil) || errors.Is(err, errNoKubeCredentials) != (tc.err == errNoKubeCredentials) {
+				t.Fatalf("got %v; want %v", err, tc.err)
+			}
 			if err != nil {
-				t.Fatalf("got %v; want nil", err)
+				return
 			}
 			if got := []string{rc.Host, rc.ServerName, rc.BearerToken, rc.BearerTokenFile, rc.CAFile}; !slices.Equal(got, tc.want) {
 				t.Errorf("Host, ServerName, BearerToken, BearerTokenFile, CAFile: got %q; want %q", got, tc.want)
@@ -767,35 +772,6 @@ func TestKubeRESTConfig(t *testing.T) {
 			req, _ := http.NewRequest(http.MethodGet, rc.Host, nil)
 			if u, err := rc.Proxy(req); u != nil || err != nil {
 				t.Errorf("Proxy: got %v, %v; want nil, nil", u, err)
-			}
-		})
-	}
-}
-
-func TestKubeRESTConfigErrors(t *testing.T) {
-	tokenOnly := t.TempDir()
-	writeFile(t, filepath.Join(tokenOnly, "token"), "sa-token")
-	tests := []struct {
-		name         string
-		cfg          kubeProviderConfig
-		saDir        string
-		wantSentinel bool
-	}{
-		{"no kubeconfig, no service account", kubeProviderConfig{LocalAddr: "127.0.0.1:7445"}, t.TempDir(), true},
-		{"no kubeconfig, token without CA", kubeProviderConfig{LocalAddr: "127.0.0.1:7445"}, tokenOnly, true},
-		{"kubeconfig set but missing", kubeProviderConfig{LocalAddr: "127.0.0.1:7445",
-			Kubeconfig: filepath.Join(t.TempDir(), "absent")}, t.TempDir(), false},
-		{"listener address without port", kubeProviderConfig{LocalAddr: "127.0.0.1",
-			Kubeconfig: testKubeconfig(t, "")}, t.TempDir(), false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := kubeRESTConfig(tc.cfg, tc.saDir)
-			if err == nil {
-				t.Fatalf("got nil; want an error")
-			}
-			if got := errors.Is(err, errNoKubeCredentials); got != tc.wantSentinel {
-				t.Errorf("errors.Is(%v, errNoKubeCredentials): got %v; want %v", err, got, tc.wantSentinel)
 			}
 		})
 	}
@@ -1002,7 +978,6 @@ func (h *mergedHarness) stop(t *testing.T) {
 	<-h.done
 }
 
-// wantSources checks the sources of each endpoint in the union.
 func (h *mergedHarness) wantSources(t *testing.T, when string, want map[string][]string) {
 	t.Helper()
 	if got := h.mp.sources(); !maps.EqualFunc(got, want, slices.Equal) {
@@ -1010,7 +985,6 @@ func (h *mergedHarness) wantSources(t *testing.T, when string, want map[string][
 	}
 }
 
-// updates, errorsOf and running are the provider's discovery series.
 func (h *mergedHarness) updates(name string) float64 {
 	return testutil.ToFloat64(h.m.discoveryUpdates.WithLabelValues(name))
 }

@@ -76,7 +76,6 @@ func (f *fakeChecks) count(addr string) int {
 	return len(f.callsAt[addr])
 }
 
-// times returns when addr was checked.
 func (f *fakeChecks) times(addr string) []time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -129,7 +128,6 @@ func (tp *testPool) upstream(addr string) *upstream {
 	return tp.upstreams[addr]
 }
 
-// rd returns the readiness of the upstream at addr.
 func (tp *testPool) rd(addr string) readiness {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
@@ -248,15 +246,12 @@ func TestLocalExhaustionDoesNotFailUpstream(t *testing.T) {
 	})
 }
 
-// pipeConn returns a proxyConn over in-memory pipes and the far ends.
 func pipeConn() (pc *proxyConn, clientEnd, upstreamEnd net.Conn) {
 	c1, c2 := net.Pipe()
 	u1, u2 := net.Pipe()
 	return &proxyConn{client: c1, upstream: u1}, c2, u2
 }
 
-// attach connects a proxyConn over pipes to u and returns it and its
-// client's far end.
 func (tp *testPool) attach(t *testing.T, u *upstream) (*proxyConn, net.Conn) {
 	t.Helper()
 	pc, clientEnd, _ := pipeConn()
@@ -291,8 +286,6 @@ func (c *lockCheckConn) Close() error {
 	return c.Conn.Close()
 }
 
-// attachLockChecked attaches a connection to u whose close records whether
-// the pool's lock was held.
 func (tp *testPool) attachLockChecked(t *testing.T, u *upstream) *lockCheckConn {
 	t.Helper()
 	pc, _, _ := pipeConn()
@@ -324,7 +317,6 @@ func quietPool(cfg poolConfig, addrs ...string) *testPool {
 	return tp
 }
 
-// pendingOf reports whether the deadline d of an upstream of tp is pending.
 func (tp *testPool) pendingOf(d *deadline) bool {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
@@ -611,7 +603,6 @@ func latencyPoolOf(t *testing.T, rtts map[string]time.Duration) *testPool {
 	return tp
 }
 
-// picks returns how often each address is picked in n picks.
 func picks(p *pool, n int) map[string]int {
 	got := map[string]int{}
 	for range n {
