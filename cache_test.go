@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -103,12 +104,9 @@ func TestEndpointCacheStoreIsAtomic(t *testing.T) {
 	if err := c.store([]string{"10.0.0.2:6443"}); err != nil {
 		t.Fatal(err)
 	}
-	oldInfo, err := old.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	newInfo, err := os.Stat(c.path)
-	if err != nil {
+	oldInfo, err1 := old.Stat()
+	newInfo, err2 := os.Stat(c.path)
+	if err := errors.Join(err1, err2); err != nil {
 		t.Fatal(err)
 	}
 	if os.SameFile(oldInfo, newInfo) {
@@ -162,11 +160,8 @@ func TestCacheWriterWritesOnlyChangedLists(t *testing.T) {
 		if err := os.Mkdir(c.path, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		lists <- a
+		lists <- a // TestCacheWriterWarnsOfFailedWrites checks its warning
 		synctest.Wait()
-		if !strings.Contains(logs.String(), "endpoint cache not written") {
-			t.Errorf("log: got %q; want the failed write reported", logs.String())
-		}
 		if leftovers, _ := filepath.Glob(c.path + ".tmp*"); len(leftovers) != 0 {
 			t.Errorf("temporary files left after a failed store: %v", leftovers)
 		}
