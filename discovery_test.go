@@ -812,52 +812,40 @@ func publishingWatcher() (w *kubeWatcher, logs *syncBuffer, out chan []string) {
 }
 
 // The watcher warns of left-out addresses once per change of them, not on
-// every event.
-func TestWatcherWarnsOfRejectedAddressesOnce(t *testing.T) {
+// every event. It keeps the last list when the slices hold no endpoint any
+// more, and warns once: sent on, an empty list would drop every discovered
+// and cached endpoint for the static ones.
+func TestWatcherWarnsOnce(t *testing.T) {
 	w, logs, out := publishingWatcher()
 	w.cache = sliceCache(kubeSlice("kubernetes", "1", "10.0.0.1", "169.254.169.254"))
-	for range 2 {
-		w.publish()
-	}
+	w.publish()
+	w.publish()
 	if got := strings.Count(logs.String(), "ignoring discovered slices or addresses"); got != 1 {
-		t.Errorf("warnings: got %d; want 1 in %q", got, logs.String())
+		t.Errorf("warnings of rejected addresses: got %d; want 1 in %q", got, logs.String())
 	}
 	if !strings.Contains(logs.String(), "169.254.169.254:6443 (link-local address)") {
 		t.Errorf("log %q lacks the rejected address and its reason", logs.String())
 	}
 	if eps := <-out; !slices.Equal(eps, []string{"10.0.0.1:6443"}) {
-		t.Errorf("published %q; want [10.0.0.1:6443]", eps)
-	}
-}
-
-// The watcher keeps the last list when the slices hold no endpoint any
-// more, and warns once: sent on, an empty list would drop every discovered
-// and cached endpoint for the static ones.
-func TestWatcherKeepsLastListWhenEmpty(t *testing.T) {
-	w, logs, out := publishingWatcher()
-	publish := w.publish
-	w.cache = sliceCache(kubeSlice("kubernetes", "1", "10.0.0.1"))
-	publish()
-	if eps := <-out; !slices.Equal(eps, []string{"10.0.0.1:6443"}) {
 		t.Fatalf("published %q; want [10.0.0.1:6443]", eps)
 	}
 	w.cache = sliceCache(kubeSlice("kubernetes", "2")) // every endpoint gone
-	publish()
-	publish()
+	w.publish()
+	w.publish()
 	const warning = "kubernetes endpoints empty: keeping the last endpoint list"
 	if len(out) != 0 {
 		t.Errorf("published %q for empty slices; want nothing", <-out)
 	}
 	if got := strings.Count(logs.String(), warning); got != 1 {
-		t.Errorf("warnings: got %d; want 1 in %q", got, logs.String())
+		t.Errorf("warnings of empty slices: got %d; want 1 in %q", got, logs.String())
 	}
 	w.cache = sliceCache(kubeSlice("kubernetes", "3", "10.0.0.2"))
-	publish()
+	w.publish()
 	if eps := <-out; !slices.Equal(eps, []string{"10.0.0.2:6443"}) {
 		t.Errorf("published %q once endpoints were back; want [10.0.0.2:6443]", eps)
 	}
 	w.cache = sliceCache()
-	publish()
+	w.publish()
 	if got := strings.Count(logs.String(), warning); got != 2 {
 		t.Errorf("warnings after a second time empty: got %d; want 2", got)
 	}
