@@ -842,7 +842,6 @@ func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
 		if got := readyWord(tp.describe(nil)[0]); got != "ready" {
 			t.Errorf("a's readiness in /upstreams after its probe passed: got %q; want ready", got)
 		}
-
 	})
 }
 
