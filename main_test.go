@@ -152,11 +152,8 @@ func TestRunProxiesAndReports(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-}
 
-func TestRunShutsDownWithOpenConnections(t *testing.T) {
-	a := startUpstream(t, echo)
-	d := startDaemon(t, nil, "--endpoints", a.addr)
+	// Shutdown closes the connections still open, and the listener.
 	c := d.echoThrough(t, "open")
 	d.stop(t)
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -355,11 +352,17 @@ func TestRunStartsFromEndpointCache(t *testing.T) {
 // are useless: discovery runs and never answers, as its requests reach an
 // echo server through the proxy.
 func uselessKubeconfig(t *testing.T) string {
+	return writeKubeconfig(t, "insecure-skip-tls-verify: true")
+}
+
+// writeKubeconfig writes a kubeconfig for https://192.0.2.1:6443 with a
+// useless token, its cluster's TLS setting being tlsSetting.
+func writeKubeconfig(t *testing.T, tlsSetting string) string {
 	t.Helper()
 	path := t.TempDir() + "/kubeconfig"
 	if err := os.WriteFile(path, []byte(`apiVersion: v1
 kind: Config
-clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", insecure-skip-tls-verify: true}}]
+clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", `+tlsSetting+`}}]
 users: [{name: u, user: {token: nothing}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
@@ -382,16 +385,7 @@ type discoveryStartFailure struct {
 // loads but yields no client.
 func discoveryStartFailures(t *testing.T) []discoveryStartFailure {
 	t.Helper()
-	badCA := t.TempDir() + "/kubeconfig"
-	if err := os.WriteFile(badCA, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", certificate-authority-data: bm90IGEgY2VydGlmaWNhdGU=}}]
-users: [{name: u, user: {token: nothing}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	badCA := writeKubeconfig(t, "certificate-authority-data: bm90IGEgY2VydGlmaWNhdGU=")
 	failures := []discoveryStartFailure{
 		{"kubeconfig does not load", "/nonexistent/kubeconfig"},
 		{"kubeconfig CA is not PEM", badCA},
