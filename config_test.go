@@ -17,7 +17,6 @@ import (
 
 const testEndpoint = "10.0.0.1:6443"
 
-// envOf returns a getenv that reads the variables in m.
 func envOf(m map[string]string) func(string) string {
 	return func(name string) string { return m[name] }
 }

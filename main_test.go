@@ -112,7 +112,6 @@ func (d *runningDaemon) waitForLog(t *testing.T, text string) {
 	waitFor(t, "the log to say "+strconv.Quote(text), func() bool { return strings.Contains(d.logs.String(), text) })
 }
 
-// waitOK waits until GET path on the health server answers 200.
 func (d *runningDaemon) waitOK(t *testing.T, path string) {
 	t.Helper()
 	waitFor(t, path+" to answer 200", func() bool { code, _ := httpGet(d.healthBase + path); return code == http.StatusOK })
@@ -468,7 +467,6 @@ func TestNewDiscoveryWhenKubernetesCannotStart(t *testing.T) {
 	})
 }
 
-// metricsMissing returns the lines of want that /metrics lacks.
 func (d *runningDaemon) metricsMissing(want ...string) []string {
 	_, body := httpGet(d.healthBase + "/metrics")
 	lines := strings.Split(body, "\n")

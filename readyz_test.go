@@ -56,7 +56,6 @@ const (
 	rzTimeout  = time.Second
 )
 
-// rzCA is a test certificate authority.
 type rzCA struct {
 	cert *x509.Certificate
 	key  *ecdsa.PrivateKey
@@ -142,7 +141,6 @@ func (ca *rzCA) serving(t *testing.T, notBefore, notAfter time.Time) rzLeaf {
 	})
 }
 
-// client issues a client certificate with common name cn.
 func (ca *rzCA) client(t *testing.T, cn string) rzLeaf {
 	t.Helper()
 	return ca.issue(t, &x509.Certificate{
@@ -181,7 +179,6 @@ func (k *rzPKI) probe() *readyzProbe {
 	return &readyzProbe{caFile: k.caFile, serverName: rzServerName}
 }
 
-// rzWrite writes the concatenation of parts to path.
 func rzWrite(t *testing.T, path string, parts ...[]byte) {
 	t.Helper()
 	if err := os.WriteFile(path, bytes.Join(parts, nil), 0o600); err != nil {
@@ -231,7 +228,6 @@ func rzStartAPIServer(t *testing.T, name string, cert tls.Certificate) *rzAPISer
 	return s
 }
 
-// rzCheck runs one readyz check of addr under a deadline of timeout.
 func rzCheck(p *readyzProbe, addr string, timeout time.Duration) (checkResult, time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -240,7 +236,6 @@ func rzCheck(p *readyzProbe, addr string, timeout time.Duration) (checkResult, t
 	return res, time.Since(start)
 }
 
-// rzWantReady fails the test unless res is a passed probe.
 func rzWantReady(t *testing.T, res checkResult) {
 	t.Helper()
 	if res.err != nil || !res.probed || res.notReady != nil || res.rtt <= 0 {
@@ -600,7 +595,6 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 	}
 }
 
-// rzSettle polls cond for up to d and reports whether it came to hold.
 func rzSettle(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {
@@ -675,7 +669,6 @@ func rzReadyGauge(t *testing.T, px *testProxy, addr string) (float64, bool) {
 	return seriesValue(t, px.reg, "extractedprism_upstream_ready", map[string]string{"upstream": addr})
 }
 
-// rzWaitReady waits until the pool exports upstream_ready{addr} == want.
 func rzWaitReady(t *testing.T, px *testProxy, addr string, want float64) {
 	t.Helper()
 	waitFor(t, fmt.Sprintf("upstream_ready{%s} == %v", addr, want), func() bool {
@@ -814,7 +807,6 @@ func rzStartRig(t *testing.T, drain time.Duration) *rzRig {
 	return nil
 }
 
-// rzWantAlive fails the test unless h still reaches the API server named who.
 func rzWantAlive(t *testing.T, h *rzHeld, what, who string) {
 	t.Helper()
 	if got, err := h.whoami(); err != nil || got != who {
@@ -957,7 +949,6 @@ func rzStalledReadyz(t *testing.T, cert tls.Certificate, release <-chan struct{}
 	return addr, entered
 }
 
-// rzArrived reports whether entered is signalled within 5 s.
 func rzArrived(entered <-chan struct{}) bool {
 	select {
 	case <-entered:

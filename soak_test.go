@@ -36,7 +36,6 @@ import (
 
 var soakFor = flag.Duration("soak", 0, "how long TestSoak runs (0: 60s, 45s under -race); -short skips it")
 
-// testRaceEnabled reports whether the test binary was built with -race.
 func testRaceEnabled() bool {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -520,7 +519,6 @@ func (r *soakRig) injectFaults(ctx context.Context) {
 	}
 }
 
-// soakPause sleeps a random time in [lo, hi).
 func soakPause(lo, hi time.Duration) {
 	time.Sleep(lo + rand.N(hi-lo))
 }
@@ -578,7 +576,6 @@ func (r *soakRig) allServing() bool {
 	return n == soakUpstreams && len(r.pool.upstreams) == soakUpstreams
 }
 
-// soakAttached counts the connections the pool holds.
 func soakAttached(p *pool) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
