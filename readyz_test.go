@@ -535,6 +535,7 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 	pki := rzNewPKI(t)
 	var want atomic.Pointer[string]
 	var seen atomic.Pointer[string]
+	seen.Store(new(string))
 	var hits atomic.Int32
 	setWant := func(tok string) { want.Store(&tok) }
 	setWant("token-one")
@@ -554,12 +555,6 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 		res, _ := rzCheck(p, addr, 2*time.Second)
 		return res
 	}
-	seenAuth := func() string {
-		if s := seen.Load(); s != nil {
-			return *s
-		}
-		return ""
-	}
 
 	rzWantFailedProbe(t, check()) // no token file yet
 	if got := hits.Load(); got != 0 {
@@ -568,7 +563,7 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 
 	rzWrite(t, p.tokenFile, []byte("token-one\n"))
 	rzWantReady(t, check())
-	if got, want := seenAuth(), "Bearer token-one"; got != want {
+	if got, want := *seen.Load(), "Bearer token-one"; got != want {
 		t.Errorf("Authorization: got %q; want %q", got, want)
 	}
 
@@ -581,7 +576,7 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 
 	rzWrite(t, p.tokenFile, []byte("token-two"))
 	rzWantReady(t, check())
-	if got, want := seenAuth(), "Bearer token-two"; got != want {
+	if got, want := *seen.Load(), "Bearer token-two"; got != want {
 		t.Errorf("Authorization after rotation: got %q; want %q", got, want)
 	}
 
