@@ -960,15 +960,15 @@ func TestReadyzMetricOnlyAfterFirstProbe(t *testing.T) {
 		addr, entered := rzStalledReadyz(t, pki.serving.pair, release)
 		px := startProxyCheck(t, poolConfig{interval: time.Minute, timeout: 5 * time.Second, drainTimeout: time.Second, readyz: true},
 			pki.probe().check, nil, addr)
-		var once sync.Once
-		t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the proxy's cleanup
+		unblock := sync.OnceFunc(func() { close(release) })
+		t.Cleanup(unblock) // before the proxy's cleanup
 		if !rzArrived(entered) {
 			t.Fatal("first probe never reached /readyz")
 		}
 		if v, ok := rzReadyGauge(t, px, addr); ok {
 			t.Errorf("upstream_ready while the first probe runs: got series with %v; want no series", v)
 		}
-		once.Do(func() { close(release) })
+		unblock()
 		rzWaitReady(t, px, addr, 1)
 	})
 	t.Run("readyz, unreachable", func(t *testing.T) {

@@ -700,17 +700,14 @@ func soakLoad(t *testing.T, duration time.Duration) {
 		t.Errorf("live heap after the load: got %d bytes; want at most %d (idle baseline + 16 MiB)", heapAfter, heapIdle+16<<20)
 	}
 
-	r.faults.mu.Lock()
-	faults := fmt.Sprint(r.faults.counts)
-	r.faults.mu.Unlock()
 	var spread []int64
 	for i := range r.stats.perUpstream {
 		spread = append(spread, r.stats.perUpstream[i].Load())
 	}
 	t.Logf("soak %v (race %v): %d connections (%d short intact, %d long-lived of which %d closed cleanly with matching checksums), per upstream %v",
 		elapsed.Round(time.Second), testRaceEnabled(), greeted, r.stats.shortOK.Load(), r.stats.longStarted.Load(), r.stats.longOK.Load(), spread)
-	t.Logf("soak: %d bytes echoed and verified; faults %s; %d connections broken by a fault on their upstream, %d before the greeting",
-		r.stats.bytesVerified.Load(), faults, r.stats.brokenExcused.Load(), preHello)
+	t.Logf("soak: %d bytes echoed and verified; faults %v; %d connections broken by a fault on their upstream, %d before the greeting",
+		r.stats.bytesVerified.Load(), r.faults.counts, r.stats.brokenExcused.Load(), preHello)
 	t.Logf("soak: connections_total %v for %d greeted; warm-up %d; idle baseline goroutines %d fds %d heap %d KiB; after load goroutines %d fds %d heap %d KiB",
 		total, greeted, warmGreeted, gIdle, fdIdle, heapIdle>>10, g, fd, heapAfter>>10)
 	if slices.Contains(spread, 0) {
