@@ -611,10 +611,9 @@ func TestReadyzProbeLeaksNothing(t *testing.T) {
 	refused := deadAddr(t)
 
 	kinds := []struct {
-		name  string
-		probe *readyzProbe
-		addr  string
-		// outcome classifies a result as this kind's expected one.
+		name    string
+		probe   *readyzProbe
+		addr    string
 		outcome func(checkResult) bool
 	}{
 		{"200", pki.probe(), ready.addr, func(r checkResult) bool { return r.probed && r.notReady == nil }},

@@ -645,7 +645,6 @@ func soakLoad(t *testing.T, duration time.Duration) {
 	gIdle, fdIdle := quietCounts(t)
 	heapIdle := liveHeapBytes()
 
-	// The load, with faults from the first second on.
 	start := time.Now()
 	loadCtx, stopLoad := context.WithTimeout(context.Background(), duration)
 	defer stopLoad()
