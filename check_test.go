@@ -25,11 +25,11 @@ func heldPorts(t *testing.T) (string, string) {
 	return ports[0], ports[1]
 }
 
-// runCheck runs "extractedprism check" with args and env and returns its
-// output and error.
-func runCheck(args []string, env map[string]string) (string, error) {
+// runSub runs the subcommand cmd ("check", "status") with args and env and
+// returns its output and error.
+func runSub(cmd string, args []string, env map[string]string) (string, error) {
 	var out bytes.Buffer
-	err := run(context.Background(), append([]string{"check"}, args...), envOf(env), &out, &out)
+	err := run(context.Background(), append([]string{cmd}, args...), envOf(env), &out, &out)
 	return out.String(), err
 }
 
@@ -59,7 +59,7 @@ func TestRunCheckAcceptsValidConfiguration(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out, err := runCheck(append(tt.args, ports...), tt.env)
+			out, err := runSub("check", append(tt.args, ports...), tt.env)
 			if err != nil {
 				t.Fatalf("check: got %v; want nil", err)
 			}
@@ -101,7 +101,7 @@ func TestRunCheckRefusesWithTheDaemonsMessage(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			args := slices.Concat(ports, tt.args)
-			out, err := runCheck(args, tt.env)
+			out, err := runSub("check", args, tt.env)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("check: got %v; want an error with %q", err, tt.want)
 			}

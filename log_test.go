@@ -111,7 +111,6 @@ func writeLines(t *testing.T, w io.Writer, lines ...string) {
 	}
 }
 
-// numbered returns "<prefix> 0" to "<prefix> n-1".
 func numbered(prefix string, n int) []string {
 	out := make([]string, n)
 	for i := range out {

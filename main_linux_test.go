@@ -88,7 +88,6 @@ func (mc *mainChild) logSeen(text string) <-chan struct{} {
 	return seen
 }
 
-// signal sends sig to the child.
 func (mc *mainChild) signal(t *testing.T, sig os.Signal) {
 	t.Helper()
 	if err := mc.cmd.Process.Signal(sig); err != nil {

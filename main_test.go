@@ -59,6 +59,14 @@ type runningDaemon struct {
 // environment and waits until /healthz answers.
 func startDaemon(t *testing.T, env map[string]string, args ...string) *runningDaemon {
 	t.Helper()
+	logs := &syncBuffer{}
+	return startDaemonOut(t, logs, logs, env, args...)
+}
+
+// startDaemonOut is startDaemon with out as stdout and stderr, whose text
+// logs holds.
+func startDaemonOut(t *testing.T, out io.Writer, logs *syncBuffer, env map[string]string, args ...string) *runningDaemon {
+	t.Helper()
 	bindPort, healthPort := freePort(t), freePort(t)
 	args = append([]string{
 		"--bind-port", strconv.Itoa(bindPort), "--health-port", strconv.Itoa(healthPort),
@@ -67,13 +75,13 @@ func startDaemon(t *testing.T, env map[string]string, args ...string) *runningDa
 	d := &runningDaemon{
 		proxyAddr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(bindPort)),
 		healthBase: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(healthPort)),
-		logs:       &syncBuffer{},
+		logs:       logs,
 		done:       make(chan error, 1),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	getenv := func(k string) string { return env[k] }
-	go func() { d.done <- run(ctx, args, getenv, d.logs, d.logs) }()
+	go func() { d.done <- run(ctx, args, getenv, out, out) }()
 	t.Cleanup(func() {
 		d.stop(t)
 		if t.Failed() {
@@ -112,7 +120,6 @@ func (d *runningDaemon) waitForLog(t *testing.T, text string) {
 	waitFor(t, "the log to say "+strconv.Quote(text), func() bool { return strings.Contains(d.logs.String(), text) })
 }
 
-// waitOK waits until GET path on the health server answers 200.
 func (d *runningDaemon) waitOK(t *testing.T, path string) {
 	t.Helper()
 	waitFor(t, path+" to answer 200", func() bool { code, _ := httpGet(d.healthBase + path); return code == http.StatusOK })
@@ -152,11 +159,8 @@ func TestRunProxiesAndReports(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-}
 
-func TestRunShutsDownWithOpenConnections(t *testing.T) {
-	a := startUpstream(t, echo)
-	d := startDaemon(t, nil, "--endpoints", a.addr)
+	// Shutdown closes the connections still open, and the listener.
 	c := d.echoThrough(t, "open")
 	d.stop(t)
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -355,11 +359,17 @@ func TestRunStartsFromEndpointCache(t *testing.T) {
 // are useless: discovery runs and never answers, as its requests reach an
 // echo server through the proxy.
 func uselessKubeconfig(t *testing.T) string {
+	return writeKubeconfig(t, "insecure-skip-tls-verify: true")
+}
+
+// writeKubeconfig writes a kubeconfig for https://192.0.2.1:6443 with a
+// useless token, its cluster's TLS setting being tlsSetting.
+func writeKubeconfig(t *testing.T, tlsSetting string) string {
 	t.Helper()
 	path := t.TempDir() + "/kubeconfig"
 	if err := os.WriteFile(path, []byte(`apiVersion: v1
 kind: Config
-clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", insecure-skip-tls-verify: true}}]
+clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", `+tlsSetting+`}}]
 users: [{name: u, user: {token: nothing}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
@@ -382,16 +392,7 @@ type discoveryStartFailure struct {
 // loads but yields no client.
 func discoveryStartFailures(t *testing.T) []discoveryStartFailure {
 	t.Helper()
-	badCA := t.TempDir() + "/kubeconfig"
-	if err := os.WriteFile(badCA, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", certificate-authority-data: bm90IGEgY2VydGlmaWNhdGU=}}]
-users: [{name: u, user: {token: nothing}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	badCA := writeKubeconfig(t, "certificate-authority-data: bm90IGEgY2VydGlmaWNhdGU=")
 	failures := []discoveryStartFailure{
 		{"kubeconfig does not load", "/nonexistent/kubeconfig"},
 		{"kubeconfig CA is not PEM", badCA},
@@ -474,7 +475,6 @@ func TestNewDiscoveryWhenKubernetesCannotStart(t *testing.T) {
 	})
 }
 
-// metricsMissing returns the lines of want that /metrics lacks.
 func (d *runningDaemon) metricsMissing(want ...string) []string {
 	_, body := httpGet(d.healthBase + "/metrics")
 	lines := strings.Split(body, "\n")
@@ -651,35 +651,10 @@ func TestWaitShutdown(t *testing.T) {
 // liveness beat and shutdown all waited on the lock for good.
 func TestRunServesWhileLogReaderStalls(t *testing.T) {
 	a, b := startUpstream(t, echo), startUpstream(t, echo)
-	bindPort, healthPort := freePort(t), freePort(t)
-	proxyAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(bindPort))
-	healthBase := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(healthPort))
 	w := &stallWriter{release: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	var runErr error
-	stopped := make(chan struct{})
-	go func() {
-		runErr = run(ctx, []string{
-			"--bind-port", strconv.Itoa(bindPort), "--health-port", strconv.Itoa(healthPort),
-			"--enable-discovery=false", "--endpoints", a.addr + "," + b.addr,
-			"--health-interval", "2s", "--health-timeout", "1s",
-			"--liveness-interval", "1s", "--liveness-threshold", "3s",
-		}, func(string) string { return "" }, w, w)
-		close(stopped)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		close(w.release) // lets a run that is stuck on the log end
-		select {
-		case <-stopped:
-		case <-time.After(15 * time.Second):
-			t.Error("run did not return after the log reader came back")
-		}
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", w.buf.String())
-		}
-	})
-	waitFor(t, "/healthz to answer", func() bool { code, _ := httpGet(healthBase + "/healthz"); return code == http.StatusOK })
+	d := startDaemonOut(t, w, &w.buf, nil, "--endpoints", a.addr+","+b.addr, "--log-level", "info",
+		"--health-interval", "2s", "--health-timeout", "1s", "--liveness-interval", "1s", "--liveness-threshold", "3s")
+	t.Cleanup(func() { close(w.release) }) // before d.stop: lets a run that is stuck on the log end
 	// The start-up lines must be out first: one still queued would be the
 	// write that blocks, and a's failed check would wait behind it unseen.
 	waitFor(t, "the start-up lines to be written", func() bool {
@@ -693,7 +668,7 @@ func TestRunServesWhileLogReaderStalls(t *testing.T) {
 	})
 
 	for i := range 3 {
-		c := dialProxy(t, proxyAddr)
+		c := dialProxy(t, d.proxyAddr)
 		err := roundTrip(c, []byte("through b"))
 		_ = c.Close()
 		if err != nil {
@@ -703,19 +678,20 @@ func TestRunServesWhileLogReaderStalls(t *testing.T) {
 	}
 	// Past --liveness-threshold a beat stuck on the pool fails /healthz.
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); {
-		if code, _ := httpGet(healthBase + "/healthz"); code != http.StatusOK {
+		if code, _ := httpGet(d.healthBase + "/healthz"); code != http.StatusOK {
 			t.Errorf("/healthz with the log stalled: got %d; want 200", code)
 			break
 		}
 		time.Sleep(100 * time.Millisecond) // paces the checks; no state to wait for
 	}
 
-	cancel()
+	d.cancel()
 	bound := 2*shutdownTimeout + 2*time.Second // the proxy's, the health server's, the log flush's
 	select {
-	case <-stopped:
-		if runErr != nil {
-			t.Errorf("run: got %v; want nil", runErr)
+	case err := <-d.done:
+		d.cancel = nil // stopped: nothing left for d.stop
+		if err != nil {
+			t.Errorf("run: got %v; want nil", err)
 		}
 	case <-time.After(bound):
 		t.Errorf("run did not return within %v of shutdown with the log stalled", bound)

@@ -56,7 +56,6 @@ const (
 	rzTimeout  = time.Second
 )
 
-// rzCA is a test certificate authority.
 type rzCA struct {
 	cert *x509.Certificate
 	key  *ecdsa.PrivateKey
@@ -127,14 +126,14 @@ func (ca *rzCA) issue(t *testing.T, tmpl *x509.Certificate) rzLeaf {
 	return l
 }
 
-// serving issues an API server certificate for rzServerName and 127.0.0.1,
-// valid between notBefore and notAfter.
+// serving issues an API server certificate for rzServerName, 127.0.0.1 and
+// ::1, valid between notBefore and notAfter.
 func (ca *rzCA) serving(t *testing.T, notBefore, notAfter time.Time) rzLeaf {
 	t.Helper()
 	return ca.issue(t, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "kube-apiserver"},
 		DNSNames:    []string{rzServerName},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
 		NotBefore:   notBefore,
 		NotAfter:    notAfter,
 		KeyUsage:    x509.KeyUsageDigitalSignature,
@@ -142,7 +141,6 @@ func (ca *rzCA) serving(t *testing.T, notBefore, notAfter time.Time) rzLeaf {
 	})
 }
 
-// client issues a client certificate with common name cn.
 func (ca *rzCA) client(t *testing.T, cn string) rzLeaf {
 	t.Helper()
 	return ca.issue(t, &x509.Certificate{
@@ -181,7 +179,6 @@ func (k *rzPKI) probe() *readyzProbe {
 	return &readyzProbe{caFile: k.caFile, serverName: rzServerName}
 }
 
-// rzWrite writes the concatenation of parts to path.
 func rzWrite(t *testing.T, path string, parts ...[]byte) {
 	t.Helper()
 	if err := os.WriteFile(path, bytes.Join(parts, nil), 0o600); err != nil {
@@ -231,7 +228,6 @@ func rzStartAPIServer(t *testing.T, name string, cert tls.Certificate) *rzAPISer
 	return s
 }
 
-// rzCheck runs one readyz check of addr under a deadline of timeout.
 func rzCheck(p *readyzProbe, addr string, timeout time.Duration) (checkResult, time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -240,7 +236,6 @@ func rzCheck(p *readyzProbe, addr string, timeout time.Duration) (checkResult, t
 	return res, time.Since(start)
 }
 
-// rzWantReady fails the test unless res is a passed probe.
 func rzWantReady(t *testing.T, res checkResult) {
 	t.Helper()
 	if res.err != nil || !res.probed || res.notReady != nil || res.rtt <= 0 {
@@ -316,14 +311,6 @@ func TestReadyzProbeStatus(t *testing.T) {
 func TestReadyzProbeVerifiesServerCertificate(t *testing.T) {
 	pki := rzNewPKI(t)
 	otherCA := rzNewCA(t, "someone else")
-	byAddress := pki.ca.issue(t, &x509.Certificate{
-		Subject:     pkix.Name{CommonName: "kube-apiserver"},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
-		NotBefore:   time.Now().Add(-time.Hour),
-		NotAfter:    time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	})
 	tests := []struct {
 		name       string
 		cert       rzLeaf
@@ -333,8 +320,8 @@ func TestReadyzProbeVerifiesServerCertificate(t *testing.T) {
 		{"wrong server name", pki.serving, "other.example", ""},
 		{"expired certificate", pki.ca.serving(t, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour)), rzServerName, ""},
 		{"unknown CA", otherCA.serving(t, time.Now().Add(-time.Hour), time.Now().Add(time.Hour)), rzServerName, ""},
-		{"IPv4 address", byAddress, "127.0.0.1", "127.0.0.1"},
-		{"IPv6 address", byAddress, "::1", "[::1]"},
+		{"IPv4 address", pki.serving, "127.0.0.1", "127.0.0.1"},
+		{"IPv6 address", pki.serving, "::1", "[::1]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -548,6 +535,7 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 	pki := rzNewPKI(t)
 	var want atomic.Pointer[string]
 	var seen atomic.Pointer[string]
+	seen.Store(new(string))
 	var hits atomic.Int32
 	setWant := func(tok string) { want.Store(&tok) }
 	setWant("token-one")
@@ -567,12 +555,6 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 		res, _ := rzCheck(p, addr, 2*time.Second)
 		return res
 	}
-	seenAuth := func() string {
-		if s := seen.Load(); s != nil {
-			return *s
-		}
-		return ""
-	}
 
 	rzWantFailedProbe(t, check()) // no token file yet
 	if got := hits.Load(); got != 0 {
@@ -581,7 +563,7 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 
 	rzWrite(t, p.tokenFile, []byte("token-one\n"))
 	rzWantReady(t, check())
-	if got, want := seenAuth(), "Bearer token-one"; got != want {
+	if got, want := *seen.Load(), "Bearer token-one"; got != want {
 		t.Errorf("Authorization: got %q; want %q", got, want)
 	}
 
@@ -594,7 +576,7 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 
 	rzWrite(t, p.tokenFile, []byte("token-two"))
 	rzWantReady(t, check())
-	if got, want := seenAuth(), "Bearer token-two"; got != want {
+	if got, want := *seen.Load(), "Bearer token-two"; got != want {
 		t.Errorf("Authorization after rotation: got %q; want %q", got, want)
 	}
 
@@ -608,7 +590,6 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 	}
 }
 
-// rzSettle polls cond for up to d and reports whether it came to hold.
 func rzSettle(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {
@@ -630,10 +611,9 @@ func TestReadyzProbeLeaksNothing(t *testing.T) {
 	refused := deadAddr(t)
 
 	kinds := []struct {
-		name  string
-		probe *readyzProbe
-		addr  string
-		// outcome classifies a result as this kind's expected one.
+		name    string
+		probe   *readyzProbe
+		addr    string
 		outcome func(checkResult) bool
 	}{
 		{"200", pki.probe(), ready.addr, func(r checkResult) bool { return r.probed && r.notReady == nil }},
@@ -683,7 +663,6 @@ func rzReadyGauge(t *testing.T, px *testProxy, addr string) (float64, bool) {
 	return seriesValue(t, px.reg, "extractedprism_upstream_ready", map[string]string{"upstream": addr})
 }
 
-// rzWaitReady waits until the pool exports upstream_ready{addr} == want.
 func rzWaitReady(t *testing.T, px *testProxy, addr string, want float64) {
 	t.Helper()
 	waitFor(t, fmt.Sprintf("upstream_ready{%s} == %v", addr, want), func() bool {
@@ -773,70 +752,37 @@ func (h *rzHeld) closedBy(until time.Time) (time.Time, bool) {
 	}
 }
 
-// rzProbeLog wraps a check and records the outcome of every probe per
-// address, so a test can tell how many probes a change of state took and
-// when the first of them ended.
-type rzProbeLog struct {
-	check checkFunc
-	mu    sync.Mutex
-	runs  map[string][]rzRun
-}
-
-type rzRun struct {
-	passed bool
-	end    time.Time
-}
-
-func rzNewProbeLog(check checkFunc) *rzProbeLog {
-	return &rzProbeLog{check: check, runs: map[string][]rzRun{}}
-}
-
-func (l *rzProbeLog) run(ctx context.Context, addr string) checkResult {
-	res := l.check(ctx, addr)
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.runs[addr] = append(l.runs[addr], rzRun{passed: res.err == nil && res.notReady == nil, end: time.Now()})
-	return res
-}
-
-// trailing returns how many of addr's latest probes in a row passed (passed
-// true) or failed (passed false), and when the first of them ended.
-func (l *rzProbeLog) trailing(addr string, passed bool) (n int, firstEnd time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	runs := l.runs[addr]
-	for i := len(runs) - 1; i >= 0 && runs[i].passed == passed; i-- {
-		n, firstEnd = n+1, runs[i].end
-	}
-	return n, firstEnd
-}
-
 // rzRig is two API servers, A and B, behind a readyz proxy, with one
-// connection held on each.
+// connection held on each. failB fails the next client dial to B, once.
 type rzRig struct {
-	pki    *rzPKI
-	probes *rzProbeLog
-	px     *testProxy
-	a, b   *rzAPIServer
-	onA    *rzHeld
-	onB    *rzHeld
+	pki      *rzPKI
+	px       *testProxy
+	a, b     *rzAPIServer
+	onA, onB *rzHeld
+	failB    atomic.Bool
 }
 
 // rzStartRig lists A alone until its first probe has passed, holds a
 // connection to it, then lists A and B and holds a connection to B once B
 // is ready too.
-func rzStartRig(t *testing.T, cfg poolConfig) *rzRig {
+func rzStartRig(t *testing.T, drain time.Duration) *rzRig {
 	t.Helper()
 	r := &rzRig{pki: rzNewPKI(t)}
-	r.probes = rzNewProbeLog(r.pki.probe().check)
 	r.a = rzStartAPIServer(t, "A", r.pki.serving.pair)
 	r.b = rzStartAPIServer(t, "B", r.pki.serving.pair)
-	r.px = startProxyCheck(t, cfg, r.probes.run, nil, r.a.addr)
+	wrap := func(next dialFunc) dialFunc {
+		return func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr == r.b.addr && r.failB.CompareAndSwap(true, false) {
+				return nil, errors.New("test: dial to B refused once")
+			}
+			return next(ctx, network, addr)
+		}
+	}
+	r.px = startProxyCheck(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true},
+		r.pki.probe().check, wrap, r.a.addr)
 	rzWaitReady(t, r.px, r.a.addr, 1)
 	r.onA = rzHold(t, r.px.addr, r.pki.ca.pool)
-	if who, err := r.onA.whoami(); err != nil || who != "A" {
-		t.Fatalf("first held connection: answered by %q (err %v); want A", who, err)
-	}
+	rzWantAlive(t, r.onA, "first held connection", "A")
 	r.px.pool.update([]string{r.a.addr, r.b.addr})
 	rzWaitReady(t, r.px, r.b.addr, 1)
 	for range 50 {
@@ -847,51 +793,34 @@ func rzStartRig(t *testing.T, cfg poolConfig) *rzRig {
 		}
 		if who == "B" {
 			r.onB = h
-			break
+			return r
 		}
 		_ = h.tc.Close()
 	}
-	if r.onB == nil {
-		t.Fatal("50 new connections with A and B ready: none reached B")
-	}
-	return r
+	t.Fatal("50 new connections with A and B ready: none reached B")
+	return nil
 }
 
-// unreadyA switches A's /readyz to 500 and returns once the pool reports A
-// not ready. seen is when the test saw that, after the fact; failing is
-// when A's first failed probe ended, before it. Bounds of what the pool
-// does must be measured from the side that keeps them valid on a loaded
-// machine: "not before" from failing, "by then" from seen.
-func (r *rzRig) unreadyA(t *testing.T) (failing, seen time.Time) {
-	t.Helper()
-	r.a.status.Store(http.StatusInternalServerError)
-	rzWaitReady(t, r.px, r.a.addr, 0)
-	seen = time.Now()
-	_, failing = r.probes.trailing(r.a.addr, false)
-	return failing, seen
-}
-
-// rzWantAlive fails the test unless h still reaches the API server named who.
 func rzWantAlive(t *testing.T, h *rzHeld, what, who string) {
 	t.Helper()
 	if got, err := h.whoami(); err != nil || got != who {
-		t.Errorf("%s: answered by %q (err %v); want %s", what, got, err, who)
+		t.Fatalf("%s: answered by %q (err %v); want %s", what, got, err, who)
 	}
 }
 
 // Selection follows readiness: with no upstream ready the TCP-healthy ones
 // are picked at random, and the pool is still ready; with both ready, both
-// are used; one not ready after failThreshold failed probes gets nothing
-// while the other is ready, and one passed probe makes it ready again.
+// are used; one not ready gets nothing while the other is ready, and gets
+// some again once ready. How many probes turn an upstream not ready or
+// ready is the pool's count alone: TestReadinessStateMachine has it.
 func TestReadyzSelectionFollowsReadiness(t *testing.T) {
 	pki := rzNewPKI(t)
 	a := rzStartAPIServer(t, "A", pki.serving.pair)
 	b := rzStartAPIServer(t, "B", pki.serving.pair)
 	a.status.Store(http.StatusInternalServerError)
 	b.status.Store(http.StatusInternalServerError)
-	probes := rzNewProbeLog(pki.probe().check)
 	px := startProxyCheck(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: time.Second, readyz: true},
-		probes.run, nil, a.addr, b.addr)
+		pki.probe().check, nil, a.addr, b.addr)
 	spread := func() map[string]int { return rzSpread(t, px.addr, pki.ca.pool, 20) }
 	setReady := func(s *rzAPIServer, ready bool) {
 		status, want := http.StatusOK, 1.0
@@ -926,47 +855,12 @@ func TestReadyzSelectionFollowsReadiness(t *testing.T) {
 		t.Errorf("connections with A and B ready: got %v; want both to get some", got)
 	}
 	setReady(a, false)
-	if got, _ := probes.trailing(a.addr, false); got < failThreshold {
-		t.Errorf("failed probes in a row before A turned not ready: got %v; want %v", got, failThreshold)
-	}
 	if got := spread(); got["B"] != 20 {
 		t.Errorf("connections with A not ready: got %v; want all on B", got)
 	}
 	setReady(a, true)
-	if got, _ := probes.trailing(a.addr, true); got != 1 {
-		t.Errorf("passed probes before A turned ready again: got %v; want 1", got)
-	}
 	if got := spread(); got["A"] == 0 {
 		t.Errorf("connections with A ready again: got %v; want A to get some", got)
-	}
-}
-
-// The closing called off, and closing at once with --drain-timeout 0, are
-// the pool's decisions alone: TestEvictionCalledOff and
-// TestEvictionDrainZeroClosesAtOnce cover them on the bubble's clock.
-func TestReadyzUnreadyConnectionsClosedAfterDrainTimeout(t *testing.T) {
-	const drain = time.Second
-	r := rzStartRig(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true})
-	failing, seen := r.unreadyA(t)
-
-	if at, ok := r.onA.closedBy(failing.Add(drain / 2)); ok {
-		t.Fatalf("connection to A closed %v after A's first failed probe; want it open for the drain timeout (%v)",
-			at.Sub(failing), drain)
-	}
-	rzWantAlive(t, r.onA, "connection to A halfway through the drain timeout", "A")
-	at, ok := r.onA.closedBy(seen.Add(drain + 2*time.Second))
-	if !ok {
-		t.Fatalf("connection to A still open %v after A turned not ready; want it closed after the drain timeout (%v)",
-			time.Since(seen), drain)
-	}
-	// A turns not ready after its first failed probe, and the drain
-	// timeout runs from then.
-	if d := at.Sub(failing); d < drain {
-		t.Errorf("connection to A closed %v after A's first failed probe; want at least the drain timeout (%v)", d, drain)
-	}
-	rzWantAlive(t, r.onB, "connection to B after A's were closed", "B")
-	if got := rzSpread(t, r.px.addr, r.pki.ca.pool, 10); got["B"] != 10 {
-		t.Errorf("reconnections: got %v; want all on B", got)
 	}
 }
 
@@ -980,45 +874,47 @@ func rzEvicted(px *testProxy, addr string) bool {
 	return ok && u.evicted
 }
 
-// A connection that reaches an unready upstream after its connections were
-// closed is one of its connections too: while another upstream is ready it
-// must be closed as well, after the drain timeout, or the client stays on
-// the unready API server for the whole outage, which is what the closing is
-// for. A client gets there through the last resort when its dial to the
-// ready upstream fails, or with a dial that was in flight when the closing
-// fired.
-func TestReadyzConnectionReachingUnreadyUpstreamLaterIsClosed(t *testing.T) {
-	pki := rzNewPKI(t)
-	a := rzStartAPIServer(t, "A", pki.serving.pair)
-	b := rzStartAPIServer(t, "B", pki.serving.pair)
-	var failB atomic.Bool // fail the next client dial to B, once
-	wrap := func(next dialFunc) dialFunc {
-		return func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if addr == b.addr && failB.CompareAndSwap(true, false) {
-				return nil, errors.New("test: dial to B refused once")
-			}
-			return next(ctx, network, addr)
-		}
-	}
+// An upstream that turns not ready while another is ready loses its
+// connections after the drain timeout; the other's stay, and new ones go
+// to it. A connection that reaches the unready upstream after the closing
+// is one of its connections too and is closed as well, or the client stays
+// on the unready API server for the whole outage. A client gets there
+// through the last resort when its dial to the ready upstream fails, or
+// with a dial in flight when the closing fired. When the closing fires, is
+// called off, or (--drain-timeout 0) is immediate are the pool's decisions
+// alone: TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout,
+// TestEvictionCalledOff and TestEvictionDrainZeroClosesAtOnce cover them on
+// the bubble's clock.
+func TestReadyzUnreadyConnectionsClosedAfterDrainTimeout(t *testing.T) {
 	const drain = 500 * time.Millisecond
-	px := startProxyCheck(t, poolConfig{interval: rzInterval, timeout: rzTimeout, drainTimeout: drain, readyz: true},
-		pki.probe().check, wrap, a.addr, b.addr)
-	rzWaitReady(t, px, a.addr, 1)
-	rzWaitReady(t, px, b.addr, 1)
-	a.status.Store(http.StatusInternalServerError)
-	rzWaitReady(t, px, a.addr, 0)
-	waitFor(t, "the closing of A's connections to fire", func() bool { return rzEvicted(px, a.addr) })
-
-	failB.Store(true)
-	h := rzHold(t, px.addr, pki.ca.pool)
-	connected := time.Now()
-	if who, err := h.whoami(); err != nil || who != "A" {
-		t.Fatalf("connection whose dial to B failed: answered by %q (err %v); want A, the last resort", who, err)
+	r := rzStartRig(t, drain)
+	// A's first failed probe ends after this, and the drain timeout runs
+	// from then.
+	before := time.Now()
+	r.a.status.Store(http.StatusInternalServerError)
+	rzWaitReady(t, r.px, r.a.addr, 0)
+	at, ok := r.onA.closedBy(time.Now().Add(drain + 2*time.Second))
+	if !ok {
+		t.Fatalf("connection to A still open %v after A turned not ready; want it closed after the drain timeout (%v)",
+			time.Since(before), drain)
 	}
-	if v, _ := rzReadyGauge(t, px, b.addr); v != 1 {
+	if d := at.Sub(before); d < drain {
+		t.Errorf("connection to A closed %v after A's probes began to fail; want at least the drain timeout (%v)", d, drain)
+	}
+	rzWantAlive(t, r.onB, "connection to B after A's were closed", "B")
+	if got := rzSpread(t, r.px.addr, r.pki.ca.pool, 10); got["B"] != 10 {
+		t.Errorf("reconnections: got %v; want all on B", got)
+	}
+
+	waitFor(t, "the closing of A's connections to fire", func() bool { return rzEvicted(r.px, r.a.addr) })
+	r.failB.Store(true)
+	h := rzHold(t, r.px.addr, r.pki.ca.pool)
+	connected := time.Now()
+	rzWantAlive(t, h, "connection whose dial to B failed (the last resort)", "A")
+	if v, _ := rzReadyGauge(t, r.px, r.b.addr); v != 1 {
 		t.Fatalf("upstream_ready{B} after one failed client dial: got %v; want 1", v)
 	}
-	if v, _ := rzReadyGauge(t, px, a.addr); v != 0 {
+	if v, _ := rzReadyGauge(t, r.px, r.a.addr); v != 0 {
 		t.Fatalf("upstream_ready{A}: got %v; want 0", v)
 	}
 	if _, ok := h.closedBy(connected.Add(drain + 2*rzInterval + 300*time.Millisecond)); !ok {
@@ -1047,7 +943,6 @@ func rzStalledReadyz(t *testing.T, cert tls.Certificate, release <-chan struct{}
 	return addr, entered
 }
 
-// rzArrived reports whether entered is signalled within 5 s.
 func rzArrived(entered <-chan struct{}) bool {
 	select {
 	case <-entered:
@@ -1064,15 +959,15 @@ func TestReadyzMetricOnlyAfterFirstProbe(t *testing.T) {
 		addr, entered := rzStalledReadyz(t, pki.serving.pair, release)
 		px := startProxyCheck(t, poolConfig{interval: time.Minute, timeout: 5 * time.Second, drainTimeout: time.Second, readyz: true},
 			pki.probe().check, nil, addr)
-		var once sync.Once
-		t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the proxy's cleanup
+		unblock := sync.OnceFunc(func() { close(release) })
+		t.Cleanup(unblock) // before the proxy's cleanup
 		if !rzArrived(entered) {
 			t.Fatal("first probe never reached /readyz")
 		}
 		if v, ok := rzReadyGauge(t, px, addr); ok {
 			t.Errorf("upstream_ready while the first probe runs: got series with %v; want no series", v)
 		}
-		once.Do(func() { close(release) })
+		unblock()
 		rzWaitReady(t, px, addr, 1)
 	})
 	t.Run("readyz, unreachable", func(t *testing.T) {

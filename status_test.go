@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -92,13 +91,6 @@ func serveUpstreams(t *testing.T, code int, body string) string {
 	return strings.TrimPrefix(srv.URL, "http://")
 }
 
-// runStatus runs "extractedprism status" with args and env.
-func runStatus(args []string, env map[string]string) (string, error) {
-	var out bytes.Buffer
-	err := run(context.Background(), append([]string{"status"}, args...), envOf(env), &out, &out)
-	return out.String(), err
-}
-
 // The document comes over the network, from whatever answers on the
 // address: its text is cleaned before it reaches a terminal, so it can
 // neither send escapes nor forge rows.
@@ -113,7 +105,7 @@ func TestStatusCleansHostileDocument(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := runStatus([]string{"--health-address", serveUpstreams(t, http.StatusOK, string(doc))}, nil)
+	out, err := runSub("status", []string{"--health-address", serveUpstreams(t, http.StatusOK, string(doc))}, nil)
 	if err != nil {
 		t.Fatalf("status: got %v; want nil", err)
 	}
@@ -139,7 +131,7 @@ func TestStatusCleansHostileDocument(t *testing.T) {
 // --json prints the daemon's document as it came, for a script to read.
 func TestStatusJSONPassesDocumentThrough(t *testing.T) {
 	doc := `[{"address":"10.0.0.1:6443","healthy":true,"added_in_a_later_version":{"x":1}}]` + "\n"
-	out, err := runStatus([]string{"--json", "--health-address", serveUpstreams(t, http.StatusOK, doc)}, nil)
+	out, err := runSub("status", []string{"--json", "--health-address", serveUpstreams(t, http.StatusOK, doc)}, nil)
 	if err != nil || out != doc {
 		t.Errorf("status --json: got %q, %v; want %q, nil", out, err, doc)
 	}
@@ -154,7 +146,7 @@ func TestStatusFailures(t *testing.T) {
 		{"not the daemon", serveUpstreams(t, http.StatusNotFound, "no"), "404 Not Found"},
 		{"not JSON", serveUpstreams(t, http.StatusOK, "<html>"), "/upstreams: invalid character"},
 	} {
-		out, err := runStatus([]string{"--health-address", tt.addr}, nil)
+		out, err := runSub("status", []string{"--health-address", tt.addr}, nil)
 		if err == nil || !strings.HasPrefix(err.Error(), "status: ") || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: got %v; want a status error with %q", tt.name, err, tt.want)
 		}
@@ -162,7 +154,7 @@ func TestStatusFailures(t *testing.T) {
 			t.Errorf("%s: output %q; want none", tt.name, out)
 		}
 	}
-	if _, err := runStatus([]string{"--no-such-flag"}, nil); err == nil {
+	if _, err := runSub("status", []string{"--no-such-flag"}, nil); err == nil {
 		t.Error("status --no-such-flag: got nil error")
 	}
 }
@@ -189,7 +181,7 @@ func TestStatusDefaultAddress(t *testing.T) {
 	}
 	// And status uses it.
 	host, port, _ := net.SplitHostPort(serveUpstreams(t, http.StatusOK, "[]"))
-	out, err := runStatus(nil, map[string]string{"EP_BIND_ADDRESS": host, "EP_HEALTH_PORT": port})
+	out, err := runSub("status", nil, map[string]string{"EP_BIND_ADDRESS": host, "EP_HEALTH_PORT": port})
 	if err != nil || !reflect.DeepEqual(tableCells(t, out), [][]string{tableHeader}) {
 		t.Errorf("status with the address from the environment: got %q, %v; want the header alone", out, err)
 	}
@@ -226,7 +218,7 @@ func TestRunUpstreamsEndpointAndStatusCommand(t *testing.T) {
 		t.Errorf("connections across upstreams: got %d; want 1", conns)
 	}
 
-	out, err := runStatus([]string{"--health-address", strings.TrimPrefix(d.healthBase, "http://")}, nil)
+	out, err := runSub("status", []string{"--health-address", strings.TrimPrefix(d.healthBase, "http://")}, nil)
 	if err != nil {
 		t.Fatalf("status: %v", err)
 	}
