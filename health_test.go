@@ -634,8 +634,7 @@ func TestHealthServerCapClosesNewWhenAllInRequests(t *testing.T) {
 	})
 	mux.Handle("/", healthyHandler())
 	srv := startHealthServer(t, mux, nil)
-	var releaseOnce sync.Once
-	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	releaseAll := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(releaseAll) // before the server stops: cleanups run last first
 
 	busy := make([]*keepAliveConn, healthMaxConns)
@@ -809,12 +808,7 @@ func (l *pipeListener) Close() error {
 	return nil
 }
 
-func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
-
-type pipeAddr struct{}
-
-func (pipeAddr) Network() string { return "pipe" }
-func (pipeAddr) String() string  { return "pipe" }
+func (l *pipeListener) Addr() net.Addr { return &net.UnixAddr{Name: "pipe", Net: "pipe"} }
 
 // servePipe runs serveHealth of handler on ln, a listener of in-memory
 // connections; stop cancels it and returns what serveHealth returned.
