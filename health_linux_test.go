@@ -10,13 +10,11 @@ package main
 // (TCP_DEFER_ACCEPT), and the cap closes the excess instead of waiting.
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -167,7 +165,6 @@ type floodCall struct {
 type floodReport struct {
 	connected, dialFailed int
 	probes, scrapes       []floodCall
-	rssBefore, rssPeak    int64 // bytes
 }
 
 func (r floodReport) String() string {
@@ -186,9 +183,8 @@ func (r floodReport) String() string {
 	for _, s := range r.scrapes {
 		scrapeMax = max(scrapeMax, s.took)
 	}
-	return fmt.Sprintf("flood: %d silent connections (%d dials failed); %d probes: p50 %v, p99 %v, max %v; %d scrapes, slowest %v; RSS %.1f MiB before, peak %.1f MiB (+%.1f MiB)",
-		r.connected, r.dialFailed, len(r.probes), pct(0.5), pct(0.99), pct(1), len(r.scrapes), scrapeMax,
-		float64(r.rssBefore)/(1<<20), float64(r.rssPeak)/(1<<20), float64(r.rssPeak-r.rssBefore)/(1<<20))
+	return fmt.Sprintf("flood: %d silent connections (%d dials failed); %d probes: p50 %v, p99 %v, max %v; %d scrapes, slowest %v",
+		r.connected, r.dialFailed, len(r.probes), pct(0.5), pct(0.99), pct(1), len(r.scrapes), scrapeMax)
 }
 
 // runSilentFlood floods the HTTP server on addr with silent connections,
@@ -199,13 +195,10 @@ func runSilentFlood(t *testing.T, addr string) floodReport {
 	t.Helper()
 	f := &silentConns{addr: addr}
 	defer f.closeAll()
-	r := floodReport{rssBefore: rssBytes(t)}
+	var r floodReport
 	start := time.Now()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	var rssPeak atomic.Int64
-	rssPeak.Store(r.rssBefore)
-	wg.Go(func() { sampleRSS(t, done, &rssPeak) })
 	wg.Go(func() { r.probes = callEvery(done, start, probePeriod, newProber(), "http://"+addr+"/healthz") })
 	wg.Go(func() { r.scrapes = callEvery(done, start, scrapePeriod, newScraper(), "http://"+addr+"/metrics") })
 
@@ -217,7 +210,6 @@ func runSilentFlood(t *testing.T, addr string) floodReport {
 	close(done)
 	wg.Wait()
 	r.connected, r.dialFailed = len(f.conns), f.failed
-	r.rssPeak = rssPeak.Load()
 	return r
 }
 
@@ -309,45 +301,6 @@ func callEvery(done <-chan struct{}, start time.Time, period time.Duration, clie
 	return calls
 }
 
-// sampleRSS records the largest resident set size of this process in peak,
-// every 100 ms until done is closed, for at most two minutes.
-func sampleRSS(t *testing.T, done <-chan struct{}, peak *atomic.Int64) {
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for range 1200 {
-		select {
-		case <-done:
-			return
-		case <-tick.C:
-			if rss := rssBytes(t); rss > peak.Load() {
-				peak.Store(rss)
-			}
-		}
-	}
-}
-
-// rssBytes returns the resident set size of this process (VmRSS).
-func rssBytes(t *testing.T) int64 {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		t.Errorf("read RSS: %v", err)
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if kb, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(kb, "kB")), 10, 64)
-			if err != nil {
-				t.Errorf("VmRSS %q: %v", kb, err)
-			}
-			return n << 10
-		}
-	}
-	t.Error("no VmRSS in /proc/self/status")
-	return 0
-}
-
 var closedAtCapLine = regexp.MustCompile(`(?m)^extractedprism_health_connections_closed_total\{reason="[a-z]+"\} ([0-9.e+]+)$`)
 
 // closedAtCap sums health_connections_closed_total over its reasons in a
@@ -365,24 +318,11 @@ func closedAtCap(page string) float64 {
 // of the test, skipping it if the hard limit is lower.
 func raiseFileLimit(t *testing.T, n int) {
 	t.Helper()
-	var orig syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
+	var cur syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &cur); err != nil {
 		t.Fatal(err)
 	}
-	if orig.Cur >= uint64(n) {
-		return
+	if cur.Cur < uint64(n) {
+		exhSetLimit(t, uint64(n))
 	}
-	if orig.Max < uint64(n) {
-		t.Skipf("need %d descriptors; the hard limit is %d", n, orig.Max)
-	}
-	raised := orig
-	raised.Cur = uint64(n)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &raised); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
-			t.Errorf("restore RLIMIT_NOFILE: %v", err)
-		}
-	})
 }

@@ -41,16 +41,10 @@ type descRecorder struct {
 	metrics map[string]registeredMetric
 }
 
-func newDescRecorder() *descRecorder {
-	return &descRecorder{metrics: map[string]registeredMetric{}}
-}
-
 func (r *descRecorder) Register(c prometheus.Collector) error {
 	// A descriptor does not say the metric's type; the collector's does.
-	_, histogram := c.(*prometheus.HistogramVec)
-	if _, ok := c.(prometheus.Histogram); ok {
-		histogram = true
-	}
+	_, vec := c.(*prometheus.HistogramVec)
+	_, single := c.(prometheus.Histogram)
 	for _, d := range describe(c) {
 		name, labels, err := parseDesc(d)
 		if err != nil {
@@ -59,7 +53,7 @@ func (r *descRecorder) Register(c prometheus.Collector) error {
 		if _, dup := r.metrics[name]; dup {
 			return fmt.Errorf("%s registered twice", name)
 		}
-		r.metrics[name] = registeredMetric{labels: labels, histogram: histogram}
+		r.metrics[name] = registeredMetric{labels: labels, histogram: vec || single}
 	}
 	return nil
 }
@@ -114,7 +108,7 @@ func parseDesc(d *prometheus.Desc) (string, []string, error) {
 // its own and the standard process_ and go_ ones.
 func registeredMetrics(t *testing.T) map[string]registeredMetric {
 	t.Helper()
-	rec := newDescRecorder()
+	rec := &descRecorder{metrics: map[string]registeredMetric{}}
 	newMetrics(rec)
 	if len(rec.metrics) == 0 {
 		t.Fatal("newMetrics registered no metric")
@@ -578,17 +572,6 @@ func selectSeries(t *testing.T, g prometheus.Gatherer, name string, labels map[s
 	return found
 }
 
-// alertExpr returns the expr of the alert named name in the rule file.
-func alertExpr(t *testing.T, name string) string {
-	t.Helper()
-	names, exprs := readAlerts(t)
-	if i := slices.Index(names, name); i >= 0 {
-		return exprs[i]
-	}
-	t.Fatalf("%s: no alert %s", alertsPath, name)
-	return ""
-}
-
 // comparisonRule is the one expression form firingSeries evaluates: a
 // selector with = matchers compared with a number.
 var (
@@ -661,7 +644,12 @@ func TestObservabilityFiringSeries(t *testing.T) {
 // is off or runs (discovery_running is the merged provider's, whatever the
 // provider: TestMergedReportsRunningProviders).
 func TestObservabilityDiscoveryNotRunningAlert(t *testing.T) {
-	expr := alertExpr(t, "ExtractedprismDiscoveryNotRunning")
+	names, exprs := readAlerts(t)
+	i := slices.Index(names, "ExtractedprismDiscoveryNotRunning")
+	if i < 0 {
+		t.Fatalf("%s: no alert ExtractedprismDiscoveryNotRunning", alertsPath)
+	}
+	expr := exprs[i]
 	wantKube := func(t *testing.T, got []series) {
 		t.Helper()
 		if len(got) != 1 || got[0].labels[labelProvider] != kubeProviderName {

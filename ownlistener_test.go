@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 func TestOwnListener(t *testing.T) {
@@ -77,13 +76,7 @@ func TestRunIgnoresOwnListenerInCache(t *testing.T) {
 	d := startDaemon(t, nil, "--endpoints", deadAddr(t), "--enable-discovery=true",
 		"--kubeconfig", uselessKubeconfig(t), "--endpoint-cache-file", cachePath, "--bind-port", ownPort)
 	for i := range 10 {
-		conn, err := net.DialTimeout("tcp", own, 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = roundTrip(conn, []byte("not through a loop"))
-		conn.Close()
-		if err != nil {
+		if err := roundTrip(dialProxy(t, own), []byte("not through a loop")); err != nil {
 			t.Fatalf("connection %d: %v", i, err)
 		}
 	}
