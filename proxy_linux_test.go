@@ -218,7 +218,6 @@ func TestIdleConnectionMemoryStaysSmall(t *testing.T) {
 	}
 }
 
-// memoryUse is what settledMemory reads from runtime/metrics.
 type memoryUse struct{ stacks, liveHeap, other, goroutines uint64 }
 
 // settledMemory lets finished goroutines exit, collects garbage and reads
@@ -388,18 +387,15 @@ func TestUserTimeoutRefusedDoesNotFailDials(t *testing.T) {
 		t.Errorf("%d warnings; want 1 in\n%s", n, logs.String())
 	}
 
-	// On this kernel the option is set, and nothing is logged.
+	// Where the option is accepted (TestSuspectUpstreamSocketsSwitchToSweepSettings
+	// checks its value), nothing is logged.
 	logs = syncBuffer{}
 	control = userTimeoutControl(slog.New(slog.NewJSONHandler(&logs, nil)))
-	up := startUpstream(t, echo)
-	c, err := (&net.Dialer{Control: control}).Dial("tcp", up.addr)
+	c, err := (&net.Dialer{Control: control}).Dial("tcp", startUpstream(t, echo).addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	if ms := sockOpt(t, c, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT); ms != int(tcpUserTimeout.Milliseconds()) {
-		t.Errorf("TCP_USER_TIMEOUT %d ms; want %d", ms, tcpUserTimeout.Milliseconds())
-	}
+	_ = c.Close()
 	if logs.String() != "" {
 		t.Errorf("log: %s; want nothing", logs.String())
 	}
@@ -526,7 +522,6 @@ func TestUrgentDataStopsItsOwnStream(t *testing.T) {
 	})
 }
 
-// sendUrgent sends b as TCP urgent data (MSG_OOB) on c.
 func sendUrgent(t *testing.T, c *net.TCPConn, b byte) {
 	t.Helper()
 	rc, err := c.SyscallConn()
