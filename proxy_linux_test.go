@@ -21,21 +21,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sockOpt reads an int socket option of c.
-func sockOpt(t *testing.T, c net.Conn, level, opt int) int {
+// onFD runs f on c's descriptor and fails t on any error.
+func onFD(t *testing.T, c net.Conn, f func(fd int) error) {
 	t.Helper()
 	rc, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var v int
-	var serr error
-	if err := rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
 		t.Fatal(err)
 	}
-	if serr != nil {
-		t.Fatal(serr)
+	if ferr != nil {
+		t.Fatal(ferr)
 	}
+}
+
+// sockOpt reads an int socket option of c.
+func sockOpt(t *testing.T, c net.Conn, level, opt int) (v int) {
+	t.Helper()
+	onFD(t, c, func(fd int) (err error) { v, err = unix.GetsockoptInt(fd, level, opt); return err })
 	return v
 }
 
@@ -524,15 +529,5 @@ func TestUrgentDataStopsItsOwnStream(t *testing.T) {
 
 func sendUrgent(t *testing.T, c *net.TCPConn, b byte) {
 	t.Helper()
-	rc, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.Sendto(int(fd), []byte{b}, unix.MSG_OOB, nil) }); err != nil {
-		t.Fatal(err)
-	}
-	if serr != nil {
-		t.Fatal(serr)
-	}
+	onFD(t, c, func(fd int) error { return unix.Sendto(fd, []byte{b}, unix.MSG_OOB, nil) })
 }
