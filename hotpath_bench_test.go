@@ -215,7 +215,6 @@ func BenchmarkConnect(b *testing.B) {
 	}
 }
 
-// echoConnOnce dials addr, echoes msg into buf and closes.
 func echoConnOnce(addr string, msg, buf []byte) error {
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
