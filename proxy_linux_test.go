@@ -418,17 +418,7 @@ func TestUserTimeoutRefusedDoesNotFailDials(t *testing.T) {
 // where the kernel refuses it), and it counted as a dead upstream
 // connection; handle gives up after flushTimeout and closes both.
 func TestYieldedConnectionEndsWithinFlushTimeout(t *testing.T) {
-	up := startUpstream(t, func(c net.Conn) {
-		buf := make([]byte, 64<<10)
-		for {
-			if _, err := c.Read(buf); err != nil {
-				return // also the health check
-			}
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
-		}
-	})
+	up := startUpstream(t, exhEcho) // each write ends before the next read
 	px := startProxy(t, poolConfig{}, up.addr)
 	c := dialProxy(t, px.addr)
 	go func() {
