@@ -222,7 +222,6 @@ func TestExhaustionDaemonTellsTheTruth(t *testing.T) {
 	if _, body := d.kept.get(t, "/healthz"); !strings.Contains(body, "no heartbeat") {
 		t.Errorf("/healthz body while Accept fails: got %q; want the heartbeat's age", body)
 	}
-	// Health checks that cannot get a socket are skipped, not failures.
 	waitFor(t, "a health check to be skipped for lack of descriptors", func() bool {
 		return strings.Contains(d.logs.String(), "health check skipped: local resources exhausted")
 	})
@@ -241,7 +240,6 @@ func TestExhaustionDaemonTellsTheTruth(t *testing.T) {
 	}
 	_ = client.Close()
 
-	// Nothing of this is the upstreams' fault.
 	_, page := d.kept.get(t, "/metrics")
 	for _, addr := range []string{d.a.addr, d.b.addr} {
 		if got := exhMetric(page, exhSeries("extractedprism_health_check_status", addr)); got != 1 {
@@ -349,7 +347,6 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 	if n := dialErrs.Load(); n > 0 {
 		t.Errorf("%d of %d client dials failed; want every client at least in the backlog", n, flood)
 	}
-	// The proxy fills its bound and stops there.
 	var page string
 	waitFor(t, "the proxy to fill its connection bound", func() bool {
 		_, page = httpGet(d.healthBase + "/metrics")

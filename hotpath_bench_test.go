@@ -84,7 +84,6 @@ func BenchmarkPick(b *testing.B) {
 				}
 			}
 		})
-		// A retry: one upstream already tried.
 		b.Run(bc.name+"/retry", func(b *testing.B) {
 			p := bc.pool(b)
 			tried := []*upstream{p.pick(nil)}
