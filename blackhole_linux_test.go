@@ -166,7 +166,6 @@ func watchClose(conns []net.Conn, start, deadline time.Time) []time.Duration {
 	return out
 }
 
-// phase is one stretch of the new-connection stream.
 type phase struct {
 	name   string
 	ttfb   []time.Duration
@@ -204,7 +203,6 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	return s[min(len(s)-1, int(p*float64(len(s))))]
 }
 
-// blackHoleRun is the result of one black-hole run.
 type blackHoleRun struct {
 	phases     []phase
 	closed     []time.Duration

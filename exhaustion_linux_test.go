@@ -68,7 +68,6 @@ func newExhKeepAlive(t *testing.T, healthBase string) *exhKeepAlive {
 	return &exhKeepAlive{c: c, br: bufio.NewReader(c)}
 }
 
-// get asks for path and returns the status and body.
 func (k *exhKeepAlive) get(t *testing.T, path string) (int, string) {
 	t.Helper()
 	_ = k.c.SetDeadline(time.Now().Add(5 * time.Second))
@@ -136,7 +135,6 @@ type exhDaemon struct {
 	held []*os.File // descriptors the test holds to exhaust the process
 }
 
-// exhSeries names a per-upstream series as /metrics prints it.
 func exhSeries(name, addr string) string { return name + `{upstream="` + addr + `"}` }
 
 // startExhDaemon starts the daemon with a two-second liveness threshold and
@@ -224,7 +222,6 @@ func TestExhaustionDaemonTellsTheTruth(t *testing.T) {
 	if _, body := d.kept.get(t, "/healthz"); !strings.Contains(body, "no heartbeat") {
 		t.Errorf("/healthz body while Accept fails: got %q; want the heartbeat's age", body)
 	}
-	// Health checks that cannot get a socket are skipped, not failures.
 	waitFor(t, "a health check to be skipped for lack of descriptors", func() bool {
 		return strings.Contains(d.logs.String(), "health check skipped: local resources exhausted")
 	})
@@ -243,7 +240,6 @@ func TestExhaustionDaemonTellsTheTruth(t *testing.T) {
 	}
 	_ = client.Close()
 
-	// Nothing of this is the upstreams' fault.
 	_, page := d.kept.get(t, "/metrics")
 	for _, addr := range []string{d.a.addr, d.b.addr} {
 		if got := exhMetric(page, exhSeries("extractedprism_health_check_status", addr)); got != 1 {
@@ -303,17 +299,8 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 	// clients and the upstream's side of each proxied connection. What is
 	// left is the daemon's own: its bound and its reserve.
 	_, open := quietCounts(t)
-	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	lim.Cur = uint64(startLimit + open + flood + bound + 64)
-	if lim.Cur > lim.Max {
-		t.Skipf("need %d descriptors; the hard limit is %d", lim.Cur, lim.Max)
-	}
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
+	limit := startLimit + open + flood + bound + 64
+	exhSetLimit(t, uint64(limit))
 
 	// The health server is asked every 100 ms, each time on a new
 	// connection, for as long as the flood lasts. Starvation would mean no
@@ -360,7 +347,6 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 	if n := dialErrs.Load(); n > 0 {
 		t.Errorf("%d of %d client dials failed; want every client at least in the backlog", n, flood)
 	}
-	// The proxy fills its bound and stops there.
 	var page string
 	waitFor(t, "the proxy to fill its connection bound", func() bool {
 		_, page = httpGet(d.healthBase + "/metrics")
@@ -420,5 +406,5 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 		t.Errorf("proxied connection after the flood: %v", err)
 	}
 	t.Logf("flood of %d clients (bound %d, backlog %d) dialed in %v; %d descriptors open of %d; health server asked %d times, %d failed, slowest %v",
-		flood, bound, somaxconn, dialed.Round(time.Millisecond), fds, lim.Cur, asked, failed, worst.Round(time.Millisecond))
+		flood, bound, somaxconn, dialed.Round(time.Millisecond), fds, limit, asked, failed, worst.Round(time.Millisecond))
 }

@@ -68,7 +68,6 @@ func TestHedgedDialRidesThroughBlackHole(t *testing.T) {
 	if started < 1 || won < 1 {
 		t.Errorf("hedged dials started %v, won %v; want both at least 1", started, won)
 	}
-	// Dials to the hole lost the race; they are not its failures.
 	if got := testutil.ToFloat64(px.m.connectionErrors.WithLabelValues(hole)); got != 0 {
 		t.Errorf("connection_errors_total{hole}: got %v; want 0 for dials that lost a race", got)
 	}

@@ -47,7 +47,6 @@ func TestProxyLastResortWhenNothingPickable(t *testing.T) {
 	px.pool.mu.Lock()
 	px.pool.upstreams[dead].lastHealthy = time.Now()
 	px.pool.mu.Unlock()
-	// Mark both unhealthy as two failed checks would.
 	for _, addr := range []string{alive.addr, dead} {
 		u := px.pool.upstreams[addr]
 		px.pool.reportCheck(u, checkResult{err: errors.New("test: check failed")})
@@ -151,12 +150,8 @@ func TestIsLocalExhaustion(t *testing.T) {
 		errno syscall.Errno
 		want  bool
 	}{
-		{syscall.EMFILE, true},
-		{syscall.ENFILE, true},
-		{syscall.ENOBUFS, true},
-		{syscall.ENOMEM, true},
-		{syscall.EADDRNOTAVAIL, false},
-		{syscall.ECONNREFUSED, false},
+		{syscall.EMFILE, true}, {syscall.ENFILE, true}, {syscall.ENOBUFS, true}, {syscall.ENOMEM, true},
+		{syscall.EADDRNOTAVAIL, false}, {syscall.ECONNREFUSED, false},
 	} {
 		if got := isLocalExhaustion(dialErr(tt.errno)); got != tt.want {
 			t.Errorf("isLocalExhaustion(%v): got %v; want %v", dialErr(tt.errno), got, tt.want)

@@ -84,7 +84,6 @@ func BenchmarkPick(b *testing.B) {
 				}
 			}
 		})
-		// A retry: one upstream already tried.
 		b.Run(bc.name+"/retry", func(b *testing.B) {
 			p := bc.pool(b)
 			tried := []*upstream{p.pick(nil)}
@@ -215,7 +214,6 @@ func BenchmarkConnect(b *testing.B) {
 	}
 }
 
-// echoConnOnce dials addr, echoes msg into buf and closes.
 func echoConnOnce(addr string, msg, buf []byte) error {
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {

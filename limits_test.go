@@ -13,7 +13,7 @@ import (
 )
 
 // TestMaxConnections pins the bound's arithmetic with literal figures: 6
-// descriptors per connection (TestIdleConnectionsHoldAtMostFdsPerConn
+// descriptors per connection (TestIdleConnectionsHoldFdsPerConnAndThreeGoroutines
 // measures them), 256 reserved, 64 KiB per connection above a 24 MiB
 // reserve, never below 64 with a memory limit, never above 2^20.
 func TestMaxConnections(t *testing.T) {

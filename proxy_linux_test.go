@@ -21,21 +21,26 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// sockOpt reads an int socket option of c.
-func sockOpt(t *testing.T, c net.Conn, level, opt int) int {
+// onFD runs f on c's descriptor and fails t on any error.
+func onFD(t *testing.T, c net.Conn, f func(fd int) error) {
 	t.Helper()
 	rc, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var v int
-	var serr error
-	if err := rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
 		t.Fatal(err)
 	}
-	if serr != nil {
-		t.Fatal(serr)
+	if ferr != nil {
+		t.Fatal(ferr)
 	}
+}
+
+// sockOpt reads an int socket option of c.
+func sockOpt(t *testing.T, c net.Conn, level, opt int) (v int) {
+	t.Helper()
+	onFD(t, c, func(fd int) (err error) { v, err = unix.GetsockoptInt(fd, level, opt); return err })
 	return v
 }
 
@@ -218,7 +223,6 @@ func TestIdleConnectionMemoryStaysSmall(t *testing.T) {
 	}
 }
 
-// memoryUse is what settledMemory reads from runtime/metrics.
 type memoryUse struct{ stacks, liveHeap, other, goroutines uint64 }
 
 // settledMemory lets finished goroutines exit, collects garbage and reads
@@ -388,18 +392,15 @@ func TestUserTimeoutRefusedDoesNotFailDials(t *testing.T) {
 		t.Errorf("%d warnings; want 1 in\n%s", n, logs.String())
 	}
 
-	// On this kernel the option is set, and nothing is logged.
+	// Where the option is accepted (TestSuspectUpstreamSocketsSwitchToSweepSettings
+	// checks its value), nothing is logged.
 	logs = syncBuffer{}
 	control = userTimeoutControl(slog.New(slog.NewJSONHandler(&logs, nil)))
-	up := startUpstream(t, echo)
-	c, err := (&net.Dialer{Control: control}).Dial("tcp", up.addr)
+	c, err := (&net.Dialer{Control: control}).Dial("tcp", startUpstream(t, echo).addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	if ms := sockOpt(t, c, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT); ms != int(tcpUserTimeout.Milliseconds()) {
-		t.Errorf("TCP_USER_TIMEOUT %d ms; want %d", ms, tcpUserTimeout.Milliseconds())
-	}
+	_ = c.Close()
 	if logs.String() != "" {
 		t.Errorf("log: %s; want nothing", logs.String())
 	}
@@ -417,17 +418,7 @@ func TestUserTimeoutRefusedDoesNotFailDials(t *testing.T) {
 // where the kernel refuses it), and it counted as a dead upstream
 // connection; handle gives up after flushTimeout and closes both.
 func TestYieldedConnectionEndsWithinFlushTimeout(t *testing.T) {
-	up := startUpstream(t, func(c net.Conn) {
-		buf := make([]byte, 64<<10)
-		for {
-			if _, err := c.Read(buf); err != nil {
-				return // also the health check
-			}
-			if _, err := c.Write(buf); err != nil {
-				return
-			}
-		}
-	})
+	up := startUpstream(t, exhEcho) // each write ends before the next read
 	px := startProxy(t, poolConfig{}, up.addr)
 	c := dialProxy(t, px.addr)
 	go func() {
@@ -526,18 +517,7 @@ func TestUrgentDataStopsItsOwnStream(t *testing.T) {
 	})
 }
 
-// sendUrgent sends b as TCP urgent data (MSG_OOB) on c.
 func sendUrgent(t *testing.T, c *net.TCPConn, b byte) {
 	t.Helper()
-	rc, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var serr error
-	if err := rc.Control(func(fd uintptr) { serr = unix.Sendto(int(fd), []byte{b}, unix.MSG_OOB, nil) }); err != nil {
-		t.Fatal(err)
-	}
-	if serr != nil {
-		t.Fatal(serr)
-	}
+	onFD(t, c, func(fd int) error { return unix.Sendto(fd, []byte{b}, unix.MSG_OOB, nil) })
 }

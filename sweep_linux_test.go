@@ -115,7 +115,6 @@ func TestSweepSparesLiveConnections(t *testing.T) {
 	}
 }
 
-// checked reports whether u has had a health check.
 func checked(pl *pool, u *upstream) bool {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
