@@ -12,8 +12,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
+	"time"
 )
 
 // What store writes, load and loadCache read back; a missing cache is no
@@ -85,6 +87,48 @@ func TestEndpointCacheCorruptionIgnored(t *testing.T) {
 				t.Errorf("log: got %q; want the cache reported as ignored", logs.String())
 			}
 		})
+	}
+}
+
+// What is not a regular file, or cannot be read, is refused at once and
+// ignored with a warning: opened as a plain read would open it, a FIFO no
+// one writes blocked the start for ever with both ports bound.
+func TestEndpointCacheOddFilesIgnored(t *testing.T) {
+	dir := t.TempDir()
+	fifo, loop, huge := filepath.Join(dir, "fifo"), filepath.Join(dir, "loop"), filepath.Join(dir, "huge")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(loop, loop); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(huge, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(huge, 100<<20); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ path, want string }{
+		{fifo, "is not a regular file but a FIFO"},
+		{dir, "is not a regular file but a directory"},
+		{loop, "too many levels of symbolic links"},
+		// A regular file whose read fails, even for root: address 0 is unmapped.
+		{"/proc/self/mem", "input/output error"},
+		{huge, fmt.Sprintf("is larger than %d bytes", maxCacheBytes)},
+	}
+	for _, tt := range tests {
+		logs := &syncBuffer{}
+		c := &endpointCache{path: tt.path, log: slog.New(slog.NewTextHandler(logs, nil))}
+		loaded := make(chan []string, 1)
+		go func() { loaded <- c.loadCache() }()
+		select {
+		case eps := <-loaded:
+			if eps != nil || !strings.Contains(logs.String(), "endpoint cache ignored") || !strings.Contains(logs.String(), tt.want) {
+				t.Errorf("%s: loadCache got %v, log %q; want none and the cache ignored: %s", tt.path, eps, logs.String(), tt.want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: loadCache still waiting after 5s", tt.path)
+		}
 	}
 }
 

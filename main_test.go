@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -494,23 +495,28 @@ func TestRunReportsWhetherDiscoveryRuns(t *testing.T) {
 	}
 }
 
-// A corrupt endpoint cache is logged and ignored: the static endpoints
-// serve, and discovery runs, though its requests fail, exporting
-// discovery_running 1 (set as the merged provider starts, which /healthz
-// does not wait for).
+// A corrupt endpoint cache, or a FIFO no one writes, is logged and ignored:
+// the static endpoints serve, and discovery runs, though its requests fail,
+// exporting discovery_running 1 (set as the merged provider starts, which
+// /healthz does not wait for).
 func TestRunCorruptCacheIsNotFatal(t *testing.T) {
 	a := startUpstream(t, echo)
-	cachePath := t.TempDir() + "/endpoints.json"
-	if err := os.WriteFile(cachePath, []byte(`{"version":1,"endpoints":["10.0`), 0o600); err != nil {
+	corrupt, fifo := t.TempDir()+"/endpoints.json", t.TempDir()+"/fifo"
+	if err := os.WriteFile(corrupt, []byte(`{"version":1,"endpoints":["10.0`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, nil, "--endpoints", a.addr, "--endpoint-cache-file", cachePath, "--enable-discovery=true",
-		"--kubeconfig", uselessKubeconfig(t))
-	d.echoThrough(t, "static still works")
-	d.waitForLog(t, "endpoint cache ignored")
-	want := []string{`extractedprism_discovery_running{provider="kubernetes"} 1`,
-		`extractedprism_discovery_running{provider="static"} 1`, `extractedprism_discovery_updates_total{provider="kubernetes"} 0`}
-	waitFor(t, fmt.Sprintf("/metrics to show %q", want), func() bool { return len(d.metricsMissing(slices.Clone(want)...)) == 0 })
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, cachePath := range []string{corrupt, fifo} {
+		d := startDaemon(t, nil, "--endpoints", a.addr, "--endpoint-cache-file", cachePath, "--enable-discovery=true",
+			"--kubeconfig", uselessKubeconfig(t))
+		d.echoThrough(t, "static still works")
+		d.waitForLog(t, "endpoint cache ignored")
+		want := []string{`extractedprism_discovery_running{provider="kubernetes"} 1`,
+			`extractedprism_discovery_running{provider="static"} 1`, `extractedprism_discovery_updates_total{provider="kubernetes"} 0`}
+		waitFor(t, fmt.Sprintf("/metrics to show %q", want), func() bool { return len(d.metricsMissing(slices.Clone(want)...)) == 0 })
+	}
 }
 
 // apply gives the pool the union of the sources when it has changed, and
