@@ -12,14 +12,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
-	"syscall"
 	"time"
 )
 
@@ -42,7 +39,7 @@ const cacheVersion = 1
 
 // load reads and validates the cache. A missing file is not an error.
 func (c *endpointCache) load() ([]string, error) {
-	b, err := readCacheFile(c.path)
+	b, err := readFileAtMost(c.path, maxCacheBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -65,45 +62,6 @@ func (c *endpointCache) load() ([]string, error) {
 		}
 	}
 	return f.Endpoints, nil
-}
-
-// readCacheFile reads path, at most maxCacheBytes+1 bytes of it. It opens
-// without blocking and refuses anything but a regular file: opening a FIFO
-// that no one writes waits for ever, and a device may never end, while the
-// daemon must start whatever the cache is.
-func readCacheFile(path string) ([]byte, error) {
-	file, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer file.Close()
-	info, err := file.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !info.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file but %s", path, fileKind(info.Mode()))
-	}
-	b, err := io.ReadAll(io.LimitReader(file, maxCacheBytes+1))
-	if err == nil && len(b) > maxCacheBytes {
-		err = fmt.Errorf("%s is larger than %d bytes", path, maxCacheBytes)
-	}
-	return b, err
-}
-
-// fileKind names what a file that is not a regular one is, for the warning.
-func fileKind(m fs.FileMode) string {
-	switch {
-	case m.IsDir():
-		return "a directory"
-	case m&fs.ModeNamedPipe != 0:
-		return "a FIFO"
-	case m&fs.ModeSocket != 0:
-		return "a socket"
-	case m&fs.ModeDevice != 0:
-		return "a device"
-	}
-	return "of type " + m.Type().String()
 }
 
 // maxCacheBytes bounds the endpoint cache file: maxDiscoveredEndpoints

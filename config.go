@@ -5,13 +5,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 )
@@ -485,4 +488,44 @@ func parseLogLevel(s string) (slog.Level, error) {
 		return level, nil
 	}
 	return 0, fmt.Errorf("unknown log level %q", s)
+}
+
+// readFileAtMost reads a file the operator names (the endpoint cache, the
+// readyz probe's credentials), refusing one larger than limit bytes. It
+// opens without blocking and refuses anything but a regular file: opening
+// a FIFO that no one writes waits for ever, and a device may never end,
+// while neither may hold up the start or a probe.
+func readFileAtMost(path string, limit int) ([]byte, error) {
+	file, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0) //nolint:gosec // a path the operator configured
+	if err != nil {
+		return nil, err
+	}
+	defer file.Close()
+	info, err := file.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file but %s", path, fileKind(info.Mode()))
+	}
+	b, err := io.ReadAll(io.LimitReader(file, int64(limit)+1))
+	if err == nil && len(b) > limit {
+		err = fmt.Errorf("%s is larger than %d bytes", path, limit)
+	}
+	return b, err
+}
+
+// fileKind names what a file that is not a regular one is, for an error.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	}
+	return "of type " + m.Type().String()
 }

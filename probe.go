@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 )
@@ -103,6 +102,20 @@ type readyzProbe struct {
 	// file; tokenFile holds a bearer token.
 	caFile, certFile, keyFile, tokenFile string
 	serverName                           string // the serving certificate is verified against it
+	// readFile, if set, reads the credentials instead of read; tests set it
+	// to rotate a file between two reads.
+	readFile func(path string) ([]byte, error)
+}
+
+// maxCredentialBytes bounds each credential file a probe reads: a CA bundle
+// of every public root is about 200 KiB.
+const maxCredentialBytes = 1 << 20
+
+func (r *readyzProbe) read(path string) ([]byte, error) {
+	if r.readFile != nil {
+		return r.readFile(path)
+	}
+	return readFileAtMost(path, maxCredentialBytes)
 }
 
 // maxReadyzResponse bounds what a probe reads of an answer, so an upstream
@@ -157,7 +170,7 @@ func (r *readyzProbe) probe(ctx context.Context, c net.Conn) error {
 }
 
 func (r *readyzProbe) tlsConfig() (*tls.Config, error) {
-	caPEM, err := os.ReadFile(r.caFile)
+	caPEM, err := r.read(r.caFile)
 	if err != nil {
 		return nil, fmt.Errorf("readyz: read CA: %w", err)
 	}
@@ -172,13 +185,39 @@ func (r *readyzProbe) tlsConfig() (*tls.Config, error) {
 		NextProtos: []string{"http/1.1"},
 	}
 	if r.certFile != "" {
-		cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+		cert, err := r.keyPair()
 		if err != nil {
 			return nil, fmt.Errorf("readyz: load client certificate: %w", err)
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}
 	return cfg, nil
+}
+
+// keyPair reads the client certificate and key. One file holding both, as
+// the kubelet's kubelet-client-current.pem does, is read once, so a
+// rotation cannot pair the old certificate with the new key. Two files are
+// read again once if they do not match: the rotation of both fell between
+// the two reads.
+func (r *readyzProbe) keyPair() (tls.Certificate, error) {
+	var cert tls.Certificate
+	var err error
+	for range 2 {
+		var certPEM, keyPEM []byte
+		if certPEM, err = r.read(r.certFile); err != nil {
+			return cert, err
+		}
+		keyPEM = certPEM
+		if r.keyFile != r.certFile {
+			if keyPEM, err = r.read(r.keyFile); err != nil {
+				return cert, err
+			}
+		}
+		if cert, err = tls.X509KeyPair(certPEM, keyPEM); err == nil || r.keyFile == r.certFile {
+			return cert, err
+		}
+	}
+	return cert, err
 }
 
 func (r *readyzProbe) request(ctx context.Context) (*http.Request, error) {
@@ -196,7 +235,7 @@ func (r *readyzProbe) request(ctx context.Context) (*http.Request, error) {
 	req.Header.Set("User-Agent", "extractedprism")
 	req.Close = true
 	if r.tokenFile != "" {
-		tok, err := os.ReadFile(r.tokenFile)
+		tok, err := r.read(r.tokenFile)
 		if err != nil {
 			return nil, fmt.Errorf("readyz: read token: %w", err)
 		}

@@ -35,6 +35,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -529,6 +530,44 @@ func TestReadyzProbeClientCertificate(t *testing.T) {
 		rzWrite(t, p.certFile, stranger.certPEM, stranger.keyPEM)
 		probeAs(t, p, false)
 	})
+	// The kubelet rotates the pair right after the probe read the
+	// certificate: one file must be read once (a second read would pair the
+	// old certificate with the new key), two files read again.
+	first, second := clientCA.client(t, "system:node:first"), clientCA.client(t, "system:node:second")
+	for _, tt := range []struct {
+		name     string
+		combined bool
+		want     string
+	}{{"rotated between reads of one file", true, "system:node:first"}, {"rotated between reads of two files", false, "system:node:second"}} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := pki.probe()
+			p.certFile, p.keyFile = filepath.Join(pki.dir, "pair.crt"), filepath.Join(pki.dir, "pair.key")
+			write := func(l rzLeaf) {
+				if tt.combined {
+					rzWrite(t, p.certFile, l.certPEM, l.keyPEM)
+					return
+				}
+				rzWrite(t, p.certFile, l.certPEM)
+				rzWrite(t, p.keyFile, l.keyPEM)
+			}
+			if tt.combined {
+				p.keyFile = p.certFile
+			}
+			write(first)
+			rotated := false
+			p.readFile = func(path string) ([]byte, error) {
+				b, err := readFileAtMost(path, maxCredentialBytes)
+				if path == p.certFile && !rotated {
+					rotated = true
+					write(second)
+				}
+				return b, err
+			}
+			if got := probeAs(t, p, true); got != tt.want {
+				t.Errorf("client certificate seen: got %q; want %q", got, tt.want)
+			}
+		})
+	}
 }
 
 func TestReadyzProbeBearerToken(t *testing.T) {
@@ -587,6 +626,47 @@ func TestReadyzProbeBearerToken(t *testing.T) {
 	rzWantFailedProbe(t, check())
 	if got := hits.Load() - before; got != 0 {
 		t.Errorf("requests sent after the token file vanished: got %v; want 0", got)
+	}
+}
+
+// Each credential file is read within a bound and only if it is a regular
+// file: one over 1 MiB, or a FIFO no one writes, fails the probe at once,
+// before anything is sent.
+func TestReadyzProbeBoundsCredentialFiles(t *testing.T) {
+	pki := rzNewPKI(t)
+	var hits atomic.Int32
+	addr := rzStartHTTPS(t, pki.serving.pair, nil, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { hits.Add(1) }))
+	huge, fifo := filepath.Join(pki.dir, "huge"), filepath.Join(pki.dir, "fifo")
+	rzWrite(t, huge, nil)
+	if err := os.Truncate(huge, maxCredentialBytes+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{huge, fifo} {
+		for _, set := range []func(*readyzProbe){
+			func(p *readyzProbe) { p.caFile = file },
+			func(p *readyzProbe) { p.certFile, p.keyFile = file, file },
+			func(p *readyzProbe) { p.tokenFile = file },
+		} {
+			p := pki.probe()
+			set(p)
+			done := make(chan checkResult, 1)
+			go func() { res, _ := rzCheck(p, addr, 5*time.Second); done <- res }()
+			select {
+			case res := <-done:
+				rzWantFailedProbe(t, res)
+				if !strings.Contains(fmt.Sprint(res.notReady), file) {
+					t.Errorf("probe with %s: got %v; want it refused, naming the file", file, res.notReady)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("probe with %s still reading it after 10s", file)
+			}
+		}
+	}
+	if got := hits.Load(); got != 0 {
+		t.Errorf("requests sent: got %v; want 0", got)
 	}
 }
 
