@@ -1,8 +1,9 @@
 package main
 
 // Fuzz targets for the code that reads untrusted or operator-written input:
-// endpoint spellings, the command line and environment, EndpointSlices from
-// the API server, and the latency arithmetic that orders upstreams. Each
+// endpoint spellings, the command line and environment, the endpoint cache
+// file, EndpointSlices from the API server, and the latency arithmetic that
+// orders upstreams (the cgroup files: FuzzCgroupMemoryLimit). Each
 // target checks properties rather than examples, so a crash or a broken
 // invariant found by `go test -fuzz` lands in testdata/fuzz/<FuzzName>/ and
 // from then on runs with every plain `go test`, like the committed seeds.
@@ -18,6 +19,8 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -522,6 +525,48 @@ func FuzzNextRTT(f *testing.F) {
 		// One slow check moves the average by a bounded step.
 		if limit := time.Duration(rttAlpha*float64(max(rttCapFactor*avg, rttCapFloor))+(1-rttAlpha)*float64(avg)) + 1; got > limit {
 			t.Errorf("nextRTT(%v, %v, %v): got %v; want at most %v", avg, have, sample, got, limit)
+		}
+	})
+}
+
+// Whatever the endpoint cache file holds, load either refuses it or returns
+// what discovery could have written: normalized, usable IP endpoints, no
+// more than discovery keeps, which store and load give back unchanged.
+func FuzzEndpointCache(f *testing.F) {
+	for _, s := range []string{
+		`{"version":1,"written":"2026-01-01T00:00:00Z","endpoints":["10.0.0.1:6443","[fd00::1]:6443"]}`,
+		`{"version":1,"endpoints":["10.0.0.1:64`, "\x00\x01garbage", `{"version":99,"endpoints":["10.0.0.1:6443"]}`,
+		`{"version":1,"endpoints":["10.0.0.1:99999"]}`, "", `{"version":1,"endpoints":["169.254.169.254:80"]}`,
+		`{"version":1,"endpoints":["api.example.com:6443"]}`, `{"version":1,"endpoints":["[::ffff:10.0.0.1]:06443"]}`,
+		`{"version":1,"endpoints":null}`, `{"version":1,"Endpoints":["10.0.0.1:6443"],"endpoints":[]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, content []byte) {
+		c := &endpointCache{path: filepath.Join(t.TempDir(), "endpoints.json")}
+		if err := os.WriteFile(c.path, content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		eps, err := c.load()
+		if err != nil {
+			if eps != nil {
+				t.Errorf("load: got %q with error %v; want none", eps, err)
+			}
+			return
+		}
+		if len(eps) > maxDiscoveredEndpoints {
+			t.Errorf("load: got %d endpoints; want at most %d", len(eps), maxDiscoveredEndpoints)
+		}
+		for _, e := range eps {
+			if n, err := cachedEndpoint(e); err != nil || n != e {
+				t.Errorf("load: got endpoint %q; checking it again gives %q, %v", e, n, err)
+			}
+		}
+		if err := c.store(eps); err != nil {
+			t.Fatal(err)
+		}
+		if again, err := c.load(); err != nil || !slices.Equal(again, eps) {
+			t.Errorf("store then load of %q: got %q, %v", eps, again, err)
 		}
 	})
 }

@@ -137,3 +137,39 @@ func makeMemoryCgroups(t *testing.T) (parent, child, file string) {
 	t.Cleanup(func() { _ = os.Remove(child) })
 	return parent, child, file
 }
+
+// Whatever /proc/self/cgroup and the limit files hold, the limit found is
+// one that a file under the cgroup root holds, or none: a path in the
+// cgroup file never leads out of the root, where a lower limit waits.
+func FuzzCgroupMemoryLimit(f *testing.F) {
+	for _, s := range [][2]string{
+		{"0::/kubepods/pod1/c1\n", "134217728\n"}, {"4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n", "max\n"},
+		{"0::/../../etc\n", "67108864"}, {"4:memory:/../..\n0::/\n", "9223372036854771712\n"},
+		{"0::/memory\n", "lots"}, {"::\n0:\n:memory:\n", ""}, {"0::/c1", " 1 "}, {"0::/..\n", "max"}, {"4:memory:/../..\n", "2"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, self, limit string) {
+		outer := t.TempDir()
+		root := filepath.Join(outer, "root")
+		for dir, content := range map[string]string{outer: "1", root: limit} {
+			for _, file := range []string{"memory.max", "memory.limit_in_bytes", "memory/memory.limit_in_bytes"} {
+				path := filepath.Join(dir, file)
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		selfFile := filepath.Join(outer, "self")
+		if err := os.WriteFile(selfFile, []byte(self), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		want := readMemoryLimit(filepath.Join(root, "memory.max"))
+		if got := cgroupMemoryLimit(selfFile, root); got != 0 && got != want {
+			t.Errorf("cgroupMemoryLimit with %q and limit %q: got %d; want 0 or %d", self, limit, got, want)
+		}
+	})
+}
