@@ -70,10 +70,11 @@ func setSweep(c net.Conn, on bool) {
 }
 
 // setSuspectLocked switches u's sockets to the sweep's settings when u turns
-// suspect, and back when it is not any more. p.mu must be held.
-func (p *pool) setSuspectLocked(u *upstream, suspect bool) {
+// suspect, and back when it is not any more, and reports whether it did.
+// p.mu must be held.
+func (p *pool) setSuspectLocked(u *upstream, suspect bool) bool {
 	if !p.cfg.sweep || u.suspect == suspect {
-		return
+		return false
 	}
 	u.suspect = suspect
 	if suspect {
@@ -85,6 +86,7 @@ func (p *pool) setSuspectLocked(u *upstream, suspect bool) {
 	for pc := range u.conns {
 		setSweep(pc.upstream, suspect)
 	}
+	return true
 }
 
 // closeStalledLocked closes those of u's connections whose upstream socket

@@ -211,6 +211,47 @@ func TestClientDialsFeedTheSameStreak(t *testing.T) {
 	})
 }
 
+// An overloaded upstream that accepts every second connection and fails
+// its checks, which each failed dial asks for: failures act at once, but
+// it returns (healthy, its sockets back from the sweep's settings) at most
+// once per check interval, not with every dial.
+func TestFlappingUpstreamReturnsOncePerInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const a = "10.0.0.1:6443"
+		cfg := defaultTestPool
+		cfg.sweep = true
+		tp := poolOf(t, cfg, a)
+		u := tp.upstream(a)
+		tp.checks.set(a, true)
+		for i := range 300 { // 30 s, 1.5 check intervals, a dial every 100 ms
+			if i%2 == 0 {
+				tp.reportDial(u, errCheck)
+			} else {
+				tp.attach(t, u)
+			}
+			time.Sleep(100 * time.Millisecond)
+			synctest.Wait()
+		}
+		logs := tp.logs.String()
+		t.Logf("in 30 s: %d returns, %d failures, %d sweeps", strings.Count(logs, "upstream healthy"),
+			strings.Count(logs, "upstream unhealthy"), strings.Count(logs, "upstream suspect"))
+		for _, tt := range []struct {
+			msg  string
+			most int
+		}{{"upstream healthy", 2}, {"upstream unhealthy", 3}, {"upstream suspect", 3}} {
+			if got := strings.Count(logs, tt.msg); got == 0 || got > tt.most {
+				t.Errorf("%q in 30 s of flapping: got %d; want 1 to %d", tt.msg, got, tt.most)
+			}
+		}
+		tp.checks.set(a, false) // the overload ends
+		time.Sleep(cfg.interval)
+		synctest.Wait()
+		if got := tp.status(a); got != 1 {
+			t.Errorf("health_check_status an interval after the overload: got %v; want 1", got)
+		}
+	})
+}
+
 func TestProbesOfUpstreamsAreIndependent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tp := newTestPool(defaultTestPool)
