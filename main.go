@@ -44,11 +44,11 @@
 //
 // Each upstream is checked every --health-interval by its own goroutine,
 // with its own --health-timeout. Two consecutive failures (checks or client
-// dials) exclude it; one success re-includes it. An upstream removed from
-// the endpoint list stops taking connections and its open ones get
-// --drain-timeout; re-adding it aborts the drain. With --health-check
-// readyz each successful connect continues with GET /readyz: new
-// connections prefer ready upstreams, and an unready upstream's
+// dials) exclude it; a success re-includes it, at most once an interval. An
+// upstream removed from the endpoint list stops taking connections and its
+// open ones get --drain-timeout; re-adding it aborts the drain. With
+// --health-check readyz each successful connect continues with GET /readyz:
+// new connections prefer ready upstreams, and an unready upstream's
 // connections are closed after --drain-timeout while another is ready.
 //
 // # Health server
