@@ -102,8 +102,8 @@ type readyzProbe struct {
 	// file; tokenFile holds a bearer token.
 	caFile, certFile, keyFile, tokenFile string
 	serverName                           string // the serving certificate is verified against it
-	// readFile, if set, reads the credentials instead of read; tests set it
-	// to rotate a file between two reads.
+	// readFile, if set, replaces readFileAtMost for the credentials: tests
+	// rotate a file between two reads with it.
 	readFile func(path string) ([]byte, error)
 }
 
