@@ -23,7 +23,8 @@
 // the EndpointSlice watch), health.go (/healthz, /readyz, /metrics) and
 // this file, which wires them. Each feature beyond the spec has a file of
 // its own: hedge.go (retries, last resort, hedged dials), sweep.go (the
-// dead-connection sweep), limits.go (the connection bound), cache.go (the
+// dead-connection sweep), limits.go (the connection bound), idle.go
+// (silent connections give way and time out), cache.go (the
 // endpoint cache), healthlimits.go (the health server under abuse),
 // ownlistener.go, status.go, check.go, version.go, log.go (logging that
 // never blocks) and sockopt_linux.go.
@@ -38,7 +39,8 @@
 // recently healthy first. Both sockets get keepalive after 30 s idle and a
 // 30 s TCP_USER_TIMEOUT. Connections are bounded by the open-files and
 // cgroup memory limits (limits.go); at the bound clients wait in the listen
-// backlog. Accept errors such as EMFILE back off and retry.
+// backlog, and silent connections give way to them (idle.go). Accept errors
+// such as EMFILE back off and retry.
 //
 // # Upstreams
 //

@@ -27,6 +27,7 @@ type metrics struct {
 	buildInfo                                                *prometheus.GaugeVec     // version, revision, goversion
 	discoveryRunning                                         *prometheus.GaugeVec     // provider
 	healthConnsClosed                                        *prometheus.CounterVec   // reason: reasonWaiting or reasonNew
+	idleConnsClosed                                          *prometheus.CounterVec   // reason: reasonLimit or reasonTimeout
 }
 
 const (
@@ -81,7 +82,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.upstreamsActive, m.upstreamsTotal, m.connectionsActive, m.connectionsTotal, m.connectionErrors,
 		m.discoveryUpdates, m.discoveryErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
 		m.hedgedDials, m.hedgedWins, m.deadConnsClosed, m.clientsRefused, m.connLimit,
-		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo, m.healthConnsClosed, m.discoveryRunning,
+		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo, m.healthConnsClosed, m.discoveryRunning, m.idleConnsClosed,
 		// The standard process_ and go_ metrics, which dashboards for any
 		// Go service chart. Their twins in prometheus/collectors would
 		// link database/sql into the binary.
@@ -117,6 +118,10 @@ func (m *metrics) addBeyondSpec() {
 	// before the first closing.
 	m.healthConnsClosed.WithLabelValues(reasonWaiting)
 	m.healthConnsClosed.WithLabelValues(reasonNew)
+	m.idleConnsClosed = counterVec("idle_connections_closed_total",
+		"Proxied connections closed for silence: reason=limit, at the connection limit to make room for a waiting client; reason=timeout, silent both ways for 10 minutes.", "reason")
+	m.idleConnsClosed.WithLabelValues(reasonLimit)
+	m.idleConnsClosed.WithLabelValues(reasonTimeout)
 	m.discoveryRunning = gaugeVec("discovery_running",
 		"1 while the discovery provider runs; 0 once it is enabled but could not start, or stopped before shutdown. The kubernetes series exists only with --enable-discovery.", labelProvider)
 }

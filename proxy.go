@@ -59,10 +59,11 @@ type proxy struct {
 	dialTimeout time.Duration
 	hedge       bool // start a second dial when the first is slow
 
-	// slots bounds the proxied connections (see limits.go). A slot is
-	// taken before Accept, so at the limit clients wait in the listen
-	// backlog instead of being reset.
+	// slots bounds the proxied connections (see limits.go). The accept
+	// loop takes one for each client before it accepts the next, so at the
+	// limit clients wait in the listen backlog instead of being reset.
 	slots chan struct{}
+	idle  idlePolicy     // which silent connections are closed (see idle.go)
 	wg    sync.WaitGroup // handlers
 
 	// stalledSince is when Accept started failing (UnixNano), 0 while it
@@ -77,7 +78,7 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 	m.connLimit.Set(float64(max(maxConns, 1)))
 	return &proxy{
 		log: log, m: m, pool: pl, dial: d.DialContext, dialTimeout: dialTimeout, hedge: true,
-		slots:     make(chan struct{}, max(maxConns, 1)),
+		slots: make(chan struct{}, max(maxConns, 1)), idle: defaultIdlePolicy(),
 		limitWarn: rateLog{every: warnEvery}, refusedWarning: rateLog{every: warnEvery},
 	}
 }
@@ -112,16 +113,20 @@ func listenTCP(ctx context.Context, addr string) (net.Listener, error) {
 func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
+	p.wg.Go(func() { p.reapIdle(ctx) })
 	var backoff time.Duration
-	for p.takeSlot(ctx) {
+	for {
 		c, err := ln.Accept()
 		switch {
 		case err == nil:
 			if backoff != 0 {
 				backoff = p.acceptRecovered(ln)
 			}
+			if !p.takeSlot(ctx) {
+				_ = c.Close()
+				return
+			}
 			p.wg.Go(func() { p.handle(ctx, c) }) // handle gives the slot back
-			continue
 		case ctx.Err() != nil || errors.Is(err, net.ErrClosed):
 			return
 		case backoff != 0 && errors.Is(err, os.ErrDeadlineExceeded):
@@ -137,12 +142,14 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 				setAcceptDeadline(ln, time.Now().Add(acceptProbe))
 			}
 		}
-		<-p.slots
 	}
 }
 
-// takeSlot takes a connection slot for the next Accept, waiting while every
-// slot is in use, and reports false once ctx ends.
+// takeSlot takes a connection slot for the client just accepted. While
+// every slot is in use, it closes a silent connection for it where one
+// qualifies (see idle.go) and waits for a slot, looking again every
+// reclaimPoll; the clients after it wait in the listen backlog meanwhile.
+// It reports false once ctx ends.
 func (p *proxy) takeSlot(ctx context.Context) bool {
 	select {
 	case p.slots <- struct{}{}:
@@ -150,14 +157,18 @@ func (p *proxy) takeSlot(ctx context.Context) bool {
 	default:
 	}
 	if _, due := p.limitWarn.note(); due {
-		p.log.Warn("at the connection limit: new clients wait in the listen backlog; raise the open-files or memory limit for more",
+		p.log.Warn("at the connection limit: new clients wait in the listen backlog until a connection ends or a silent one is closed for them; raise the open-files or memory limit for more",
 			"limit", cap(p.slots))
 	}
-	select {
-	case p.slots <- struct{}{}:
-		return true
-	case <-ctx.Done():
-		return false
+	for {
+		p.reclaim()
+		select {
+		case p.slots <- struct{}{}:
+			return true
+		case <-ctx.Done():
+			return false
+		case <-time.After(reclaimPoll):
+		}
 	}
 }
 

@@ -390,7 +390,9 @@ func TestProxySpreadsConcurrentConnections(t *testing.T) {
 func TestRefusedClientsAreCountedAndWarnedOfSparingly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &syncBuffer{}
-		px := newProxy(slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), nil, time.Second, 1)
+		log, m := slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry())
+		pl := newPool(log, m, poolConfig{interval: time.Hour, timeout: time.Second}, tcpCheck, randomSelector{})
+		px := newProxy(log, m, pl, time.Second, 1)
 		client, other := net.Pipe()
 		defer client.Close()
 		defer other.Close()
@@ -588,7 +590,9 @@ func serveInBubble(t *testing.T, ln net.Listener) (*proxy, func()) {
 func TestConnectionLimitIsLogged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		logs := &syncBuffer{}
-		px := newProxy(slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry()), nil, time.Second, 1)
+		log, m := slog.New(slog.NewTextHandler(logs, nil)), newMetrics(prometheus.NewRegistry())
+		pl := newPool(log, m, poolConfig{interval: time.Hour, timeout: time.Second}, tcpCheck, randomSelector{})
+		px := newProxy(log, m, pl, time.Second, 1)
 		if got := testutil.ToFloat64(px.m.connLimit); got != 1 {
 			t.Errorf("connection_limit: got %v; want 1", got)
 		}

@@ -86,3 +86,15 @@ func stalledInfo(ti *unix.TCPInfo) time.Duration {
 	}
 	return time.Duration(ti.Last_ack_recv) * time.Millisecond
 }
+
+// quietFor returns how long c has carried no data either way, and whether
+// its peer ever sent any; false if c is closed or has no TCP_INFO. A socket
+// that has carried nothing counts from its handshake, also while it waited
+// in the listen backlog.
+func quietFor(c net.Conn) (quiet time.Duration, spoke, ok bool) {
+	ti, ok := tcpInfo(c)
+	if !ok || ti.State == unix.BPF_TCP_CLOSE {
+		return 0, false, false
+	}
+	return time.Duration(min(ti.Last_data_recv, ti.Last_data_sent)) * time.Millisecond, ti.Bytes_received > 0, true
+}

@@ -10,11 +10,12 @@ import (
 
 // Outside Linux there is no TCP_USER_TIMEOUT, TCP_DEFER_ACCEPT or TCP_INFO:
 // the options are not set, a failed connection's sockets are closed at once
-// (every socket counts as broken), and the sweep leaves stalled connections
-// to the kernel.
+// (every socket counts as broken), the sweep leaves stalled connections to
+// the kernel, and silent connections are never closed (see idle.go).
 
 func setUserTimeout(syscall.RawConn, time.Duration) error { return nil }
 func setDeferAccept(syscall.RawConn, time.Duration) error { return nil }
 func connBroken(net.Conn) bool                            { return true }
 func queued(net.Conn) bool                                { return false }
 func stalledFor(net.Conn) time.Duration                   { return 0 }
+func quietFor(net.Conn) (time.Duration, bool, bool)       { return 0, false, false }

@@ -486,6 +486,17 @@ func (p *pool) detach(u *upstream, pc *proxyConn) {
 	}
 }
 
+// conns returns every attached connection.
+func (p *pool) conns() []*proxyConn {
+	p.mu.Lock()
+	defer p.unlock()
+	var all []*proxyConn
+	for _, u := range p.upstreams {
+		all = slices.AppendSeq(all, maps.Keys(u.conns))
+	}
+	return all
+}
+
 // closeConns force-closes every attached connection, for shutdown.
 func (p *pool) closeConns() {
 	p.mu.Lock()

@@ -1,0 +1,140 @@
+package main
+
+// Beyond the spec: silent connections give way. Without it, local
+// connections that send nothing held every slot for ever: a new client,
+// the kubelet's among them, waited in the backlog and gave up, while each
+// silent one also held a connection to an API server. A Kubernetes client
+// speaks first (its TLS ClientHello, within milliseconds of connecting) and
+// then never stays silent for long: client-go pings an HTTP/2 connection
+// after 30 s without a frame. So, on Linux, where TCP_INFO says when a
+// socket last carried data:
+//
+//   - When every slot is taken and a client waits, the proxy closes one
+//     connection for it: one whose client has sent nothing since it
+//     connected at least newQuietFor ago, the one that connected first;
+//     else the one silent in both directions the longest, once for at least
+//     spokenQuietFor. Where none qualifies, the new client waits for a slot.
+//   - Any connection silent in both directions for idleTimeout is closed.
+
+import (
+	"context"
+	"net"
+	"time"
+)
+
+const (
+	// newQuietFor: a client that has sent nothing this long after
+	// connecting is no Kubernetes client, or one that no longer needs the
+	// connection.
+	newQuietFor = time.Second
+	// spokenQuietFor is twice client-go's HTTP/2 ping interval: a
+	// connection in use is never silent as long.
+	spokenQuietFor = time.Minute
+	// idleTimeout is long enough for any client that pings, and short
+	// enough that a silent connection to an API server is not held all day.
+	idleTimeout = 10 * time.Minute
+	// reclaimPoll is how often a client waiting for a slot looks again for
+	// a connection to close.
+	reclaimPoll = 250 * time.Millisecond
+
+	// The reasons of idleConnsClosed.
+	reasonLimit   = "limit"
+	reasonTimeout = "timeout"
+)
+
+// idlePolicy is the proxy's copy of the constants above; tests shorten it.
+type idlePolicy struct {
+	newQuiet, spokenQuiet, timeout time.Duration
+}
+
+func defaultIdlePolicy() idlePolicy {
+	return idlePolicy{newQuiet: newQuietFor, spokenQuiet: spokenQuietFor, timeout: idleTimeout}
+}
+
+// idleCandidate is a connection with what TCP_INFO says of its client socket.
+type idleCandidate struct {
+	pc    *proxyConn
+	quiet time.Duration // since it last carried data, either way
+	spoke bool          // its client sent something once
+}
+
+// qualifies reports whether c may be closed to make room at the bound.
+func (pol idlePolicy) qualifies(c idleCandidate) bool {
+	if c.spoke {
+		return c.quiet >= pol.spokenQuiet
+	}
+	return c.quiet >= pol.newQuiet
+}
+
+// before reports whether a is to be closed before b: silent clients first,
+// then the one quiet longer.
+func (a idleCandidate) before(b idleCandidate) bool {
+	if a.spoke != b.spoke {
+		return !a.spoke
+	}
+	return a.quiet > b.quiet
+}
+
+// candidates returns the attached connections whose client socket TCP_INFO
+// describes; closed ones and, outside Linux, all are left out.
+func (p *proxy) candidates() []idleCandidate {
+	conns := p.pool.conns()
+	out := make([]idleCandidate, 0, len(conns))
+	for _, pc := range conns {
+		if quiet, spoke, ok := quietFor(pc.client); ok {
+			out = append(out, idleCandidate{pc: pc, quiet: quiet, spoke: spoke})
+		}
+	}
+	return out
+}
+
+// reclaim closes the connection that gives way first to a waiting client,
+// if one qualifies, and reports whether it closed one.
+func (p *proxy) reclaim() bool {
+	var victim *idleCandidate
+	for _, c := range p.candidates() {
+		if p.idle.qualifies(c) && (victim == nil || c.before(*victim)) {
+			victim = &c
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	p.closeIdle(victim, reasonLimit)
+	return true
+}
+
+// reapIdle closes connections silent for the idle timeout until ctx ends,
+// looking every tenth of it: a connection is closed within 1.1 times it.
+func (p *proxy) reapIdle(ctx context.Context) {
+	t := time.NewTicker(p.idle.timeout / 10)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, c := range p.candidates() {
+			if c.quiet >= p.idle.timeout {
+				p.closeIdle(&c, reasonTimeout)
+			}
+		}
+	}
+}
+
+// closeIdle closes c's connection, which its handler then ends as any
+// other failed one, and counts it.
+func (p *proxy) closeIdle(c *idleCandidate, reason string) {
+	p.log.Debug("closing a silent connection", "reason", reason, "client", clientAddr(c.pc.client),
+		"silent", c.quiet.Round(time.Millisecond), "client_spoke", c.spoke)
+	c.pc.close()
+	p.m.idleConnsClosed.WithLabelValues(reason).Inc()
+}
+
+func clientAddr(c net.Conn) string {
+	if a := c.RemoteAddr(); a != nil {
+		return a.String()
+	}
+	return ""
+}
