@@ -18,17 +18,44 @@ const (
 	fdReserve = 256
 
 	// memPerConn is what the memory bound counts per connection, all of it
-	// charged to the cgroup: an idle one takes about 17 KiB of the process's
-	// memory (three goroutine stacks and their state) and about 44 KiB of
-	// the kernel's, two sockets and the rings of the two splice pipes, which
-	// Go sizes for 1 MiB. The pipes of closed connections wait in Go's pool
-	// for the next ones until the garbage collector closes them, so memory
-	// and descriptors follow the peak, which this bound caps. memReserve is
-	// kept for the rest of the daemon, which idles at about 17 MiB. The
-	// bound is never below fewConnections: a memory limit that small still
-	// runs an idle daemon, whose node agents need a few dozen.
-	memPerConn = 64 << 10
+	// charged to the cgroup, at worst: a client that never reads while it
+	// sends to an upstream that never reads, so that both directions stall.
+	// An idle connection takes idleMemPerConn. A stalled direction adds
+	// what the kernel queues for it: its source socket's receive queue, up
+	// to twice sockRcvBuf (the kernel doubles the setting for its
+	// overhead), and its destination's send queue, sockNotsentLowat unsent
+	// and one segment of up to 64 KiB past that mark, which the kernel
+	// checks only as it starts a segment. TestSockMemStalledClientsBounded
+	// measures 1.29 MiB of socket memory per connection so stalled, of the
+	// 1.44 MiB counted; without the buffer bounds a client that only did not
+	// read pinned 19 MiB. What a stalled copy leaves in its splice pipe (up
+	// to 1 MiB, 0.2 MiB on average) is not charged: those are the socket's
+	// pages, uncharged as they leave its receive queue (16 MiB spliced into
+	// pipes in a memory cgroup added only the pipes' rings to its usage).
+	// The pipes of closed connections wait in Go's pool for the next ones
+	// until the garbage collector closes them, so memory and descriptors
+	// follow the peak, which this bound caps. memReserve is kept for the
+	// rest of the daemon, which idles at about 17 MiB. The bound is never
+	// below fewConnections: a memory limit that small still runs an idle
+	// daemon, whose node agents need a few dozen.
+	memPerConn = idleMemPerConn + 2*(2*sockRcvBuf+sockNotsentLowat+(64<<10))
 	memReserve = 24 << 20
+	// idleMemPerConn is about 17 KiB of the process's memory (three
+	// goroutine stacks and their state) and about 44 KiB of the kernel's,
+	// two sockets and the rings of the two splice pipes, which Go sizes for
+	// 1 MiB.
+	idleMemPerConn = 64 << 10
+
+	// sockRcvBuf and sockNotsentLowat bound what a proxied socket queues for
+	// a peer that does not read (setRcvBuf, setNotsentLowat). A fixed
+	// receive buffer caps a stream at about its window, 0.5 to 0.9 times
+	// twice sockRcvBuf, per round trip: 2 to 4 Gbit/s at a LAN's 1 ms,
+	// 10 Gbit/s and more at 0.2 ms; on loopback the proxy keeps its pace
+	// (bench/). Twice this size would halve the connection bound, below
+	// fewConnections at the chart's 128 MiB. A kernel whose
+	// net.core.rmem_max is lower (212992 by default) gives less.
+	sockRcvBuf       = 256 << 10
+	sockNotsentLowat = 128 << 10
 
 	// fewConnections is the bound below which start-up warns.
 	fewConnections = 64

@@ -14,8 +14,10 @@ import (
 
 // TestMaxConnections pins the bound's arithmetic with literal figures: 6
 // descriptors per connection (TestIdleConnectionsHoldFdsPerConnAndThreeGoroutines
-// measures them), 256 reserved, 64 KiB per connection above a 24 MiB
-// reserve, never below 64 with a memory limit, never above 2^20.
+// measures them), 256 reserved, 1472 KiB per connection above a 24 MiB
+// reserve (64 KiB idle and, for each direction stalled, 512 KiB of receive
+// queue and 192 KiB of send queue), never below 64 with a memory limit,
+// never above 2^20.
 func TestMaxConnections(t *testing.T) {
 	tests := []struct {
 		nofile, memory uint64
@@ -29,10 +31,12 @@ func TestMaxConnections(t *testing.T) {
 		{1024, 0, 128, limitByFiles},       // (1024-256)/6
 		{1 << 20, 0, 174720, limitByFiles}, // no memory limit
 		{1 << 40, 0, 1 << 20, limitByFiles},
-		{1 << 20, 128 << 20, 1664, limitByMemory}, // the chart's 128Mi: (128-24) MiB / 64 KiB
-		{1024, 128 << 20, 128, limitByFiles},
-		{1 << 20, 32 << 20, 128, limitByMemory}, // a 32Mi limit
-		{1 << 20, 26 << 20, 64, limitByMemory},  // the reserve and 64 connections: the floor
+		{1 << 20, 128 << 20, 72, limitByMemory}, // the chart's 128Mi: (128-24) MiB / 1472 KiB
+		{1024, 128 << 20, 72, limitByMemory},
+		{1024, 256 << 20, 128, limitByFiles},               // (256-24) MiB / 1472 KiB = 161
+		{1 << 20, 24<<20 + 64*1472<<10, 64, limitByMemory}, // the reserve and 64 connections: the floor
+		{1 << 20, 24<<20 + 65*1472<<10, 65, limitByMemory},
+		{1 << 20, 32 << 20, 64, limitByMemory}, // a 32Mi limit
 		{1 << 20, 24 << 20, 64, limitByMemory},
 		{1 << 20, 1 << 20, 64, limitByMemory},
 		{1 << 20, 1 << 40, 174720, limitByFiles},

@@ -74,7 +74,7 @@ type proxy struct {
 }
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
-	d := &net.Dialer{KeepAliveConfig: normalKeepAlive(), Control: userTimeoutControl(log)}
+	d := &net.Dialer{KeepAliveConfig: normalKeepAlive(), Control: upstreamControl(log)}
 	m.connLimit.Set(float64(max(maxConns, 1)))
 	return &proxy{
 		log: log, m: m, pool: pl, dial: d.DialContext, dialTimeout: dialTimeout, hedge: true,
@@ -83,17 +83,23 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 	}
 }
 
-// userTimeoutControl returns the upstream dialer's Control function, which
-// sets TCP_USER_TIMEOUT before the socket connects. A kernel or sandbox that
-// refuses the option must not fail the dial: that would be blamed on the
-// upstream and refuse every client while the checks pass. Keepalive still
-// ends dead connections; the first refusal is logged.
-func userTimeoutControl(log *slog.Logger) func(network, address string, rc syscall.RawConn) error {
-	var once sync.Once
+// upstreamControl returns the upstream dialer's Control function, which
+// sets TCP_USER_TIMEOUT and the buffer bounds before the socket connects. A
+// kernel or sandbox that refuses an option must not fail the dial: that
+// would be blamed on the upstream and refuse every client while the checks
+// pass. Keepalive still ends dead connections; the first refusal of each
+// kind is logged.
+func upstreamControl(log *slog.Logger) func(network, address string, rc syscall.RawConn) error {
+	var timeoutOnce, buffersOnce sync.Once
 	return func(_, _ string, rc syscall.RawConn) error {
 		if err := setUserTimeout(rc, tcpUserTimeout); err != nil {
-			once.Do(func() {
+			timeoutOnce.Do(func() {
 				log.Warn("upstream sockets get no TCP_USER_TIMEOUT; keepalive alone ends connections to vanished upstreams", "err", err)
+			})
+		}
+		if err := errors.Join(setRcvBuf(rc, sockRcvBuf), setNotsentLowat(rc, sockNotsentLowat)); err != nil {
+			buffersOnce.Do(func() {
+				log.Warn("upstream sockets keep the kernel's buffer sizes; a client that does not read pins more memory than the connection bound counts", "err", err)
 			})
 		}
 		return nil
@@ -101,9 +107,16 @@ func userTimeoutControl(log *slog.Logger) func(network, address string, rc sysca
 }
 
 // listenTCP opens the proxy listener. Accepted connections get the
-// keepalive settings of the spec from the ListenConfig.
+// keepalive settings of the spec from the ListenConfig, and their receive
+// buffer from the listening socket's.
 func listenTCP(ctx context.Context, addr string) (net.Listener, error) {
-	lc := net.ListenConfig{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9}}
+	lc := net.ListenConfig{
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9},
+		Control: func(_, _ string, rc syscall.RawConn) error {
+			_ = setRcvBuf(rc, sockRcvBuf) // best effort, as on the upstream sockets
+			return nil
+		},
+	}
 	return lc.Listen(ctx, "tcp", addr) // an error names the address
 }
 
@@ -230,13 +243,17 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 	p.copyBoth(pc)
 }
 
-// prepareClient sets TCP_USER_TIMEOUT on an accepted client socket, the
-// one setting it does not get from the listener; best effort: keepalive
-// still applies.
+// prepareClient sets TCP_USER_TIMEOUT and TCP_NOTSENT_LOWAT on an accepted
+// client socket, the settings it does not get from the listener; best
+// effort: keepalive still applies. TCP_NOTSENT_LOWAT set on the listener
+// would not reach it: Go's listeners are MPTCP ones where the kernel has
+// MPTCP, which keep that option for MPTCP connections, not the plain TCP
+// ones that TCP clients get.
 func prepareClient(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		if rc, err := tc.SyscallConn(); err == nil {
 			_ = setUserTimeout(rc, tcpUserTimeout)
+			_ = setNotsentLowat(rc, sockNotsentLowat)
 		}
 	}
 }

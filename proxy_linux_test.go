@@ -44,6 +44,9 @@ func sockOpt(t *testing.T, c net.Conn, level, opt int) (v int) {
 	return v
 }
 
+// TestClientSocketsGetKeepaliveAndUserTimeout: an accepted client socket
+// has the spec's keepalive, TCP_USER_TIMEOUT and the buffer bounds, the
+// receive buffer from the listener and TCP_NOTSENT_LOWAT from prepareClient.
 func TestClientSocketsGetKeepaliveAndUserTimeout(t *testing.T) {
 	ln, err := listenTCP(t.Context(), "127.0.0.1:0")
 	if err != nil {
@@ -67,6 +70,8 @@ func TestClientSocketsGetKeepaliveAndUserTimeout(t *testing.T) {
 		{"TCP_KEEPCNT", unix.IPPROTO_TCP, unix.TCP_KEEPCNT, 9},
 		{"TCP_USER_TIMEOUT", unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, 30000},
 		{"TCP_NODELAY", unix.IPPROTO_TCP, unix.TCP_NODELAY, 1},
+		{"SO_RCVBUF", unix.SOL_SOCKET, unix.SO_RCVBUF, wantRcvBuf(t)},
+		{"TCP_NOTSENT_LOWAT", unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT, sockNotsentLowat},
 	} {
 		if got := sockOpt(t, c, o.level, o.opt); got != o.want {
 			t.Errorf("accepted socket %s = %d; want %d", o.name, got, o.want)
@@ -274,7 +279,10 @@ func answerThenReset(reqSize, size int, acked chan<- bool) func(net.Conn) {
 // upstream's error lost what the client socket still had queued, and the
 // client's bytes still unread there turned that close into a reset too.
 func TestUpstreamResetDeliversAcceptedAnswer(t *testing.T) {
-	const size = 1 << 20
+	// The answer fits in the proxy's receive queue for the upstream alone
+	// (twice sockRcvBuf): the proxy takes in no more for a client that does
+	// not read, so a larger one would never be acknowledged.
+	const size = sockRcvBuf
 	for _, tt := range []struct {
 		name string
 		// keepSending: the client goes on sending while the upstream
@@ -377,25 +385,28 @@ func (refusingRawConn) Control(func(uintptr)) error    { return syscall.ENOPROTO
 func (refusingRawConn) Read(func(uintptr) bool) error  { return syscall.ENOPROTOOPT }
 func (refusingRawConn) Write(func(uintptr) bool) error { return syscall.ENOPROTOOPT }
 
-// TestUserTimeoutRefusedDoesNotFailDials: the upstream dialer's Control
-// lets the dial go on when TCP_USER_TIMEOUT cannot be set, and says so
-// once in the log, not once per connection.
-func TestUserTimeoutRefusedDoesNotFailDials(t *testing.T) {
+// TestRefusedOptionsDoNotFailDials: the upstream dialer's Control lets the
+// dial go on when TCP_USER_TIMEOUT or the buffer bounds cannot be set, and
+// says so once each in the log, not once per connection.
+func TestRefusedOptionsDoNotFailDials(t *testing.T) {
 	var logs syncBuffer
-	control := userTimeoutControl(slog.New(slog.NewJSONHandler(&logs, nil)))
+	control := upstreamControl(slog.New(slog.NewJSONHandler(&logs, nil)))
 	for range 3 {
 		if err := control("tcp4", "192.0.2.1:6443", refusingRawConn{}); err != nil {
 			t.Fatalf("Control: %v; want nil, so the dial goes on", err)
 		}
 	}
-	if n := strings.Count(logs.String(), "no TCP_USER_TIMEOUT"); n != 1 {
-		t.Errorf("%d warnings; want 1 in\n%s", n, logs.String())
+	for _, warning := range []string{"no TCP_USER_TIMEOUT", "keep the kernel's buffer sizes"} {
+		if n := strings.Count(logs.String(), warning); n != 1 {
+			t.Errorf("%d warnings %q; want 1 in\n%s", n, warning, logs.String())
+		}
 	}
 
-	// Where the option is accepted (TestSuspectUpstreamSocketsSwitchToSweepSettings
-	// checks its value), nothing is logged.
+	// Where the options are accepted (TestSuspectUpstreamSocketsSwitchToSweepSettings
+	// and TestSockMemUpstreamSocketsGetBufferBounds check their values),
+	// nothing is logged.
 	logs = syncBuffer{}
-	control = userTimeoutControl(slog.New(slog.NewJSONHandler(&logs, nil)))
+	control = upstreamControl(slog.New(slog.NewJSONHandler(&logs, nil)))
 	c, err := (&net.Dialer{Control: control}).Dial("tcp", startUpstream(t, echo).addr)
 	if err != nil {
 		t.Fatal(err)

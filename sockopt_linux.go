@@ -31,6 +31,25 @@ func setDeferAccept(rc syscall.RawConn, d time.Duration) error {
 	return setOption(rc, unix.IPPROTO_TCP, unix.TCP_DEFER_ACCEPT, int(d.Seconds()))
 }
 
+// setRcvBuf fixes a socket's receive buffer at n bytes, which the kernel
+// doubles for its overhead, and so turns autotuning off: autotuned, the
+// upstream socket of a client that does not read queued up to tcp_rmem's
+// maximum (6 MiB by default, 32 MiB on some hosts) in the daemon (issue 26).
+// It must be set before the handshake, where the kernel picks the window
+// scale and the first window from it: on the dialer's socket, and on the
+// listener for the sockets it accepts.
+func setRcvBuf(rc syscall.RawConn, n int) error {
+	return setOption(rc, unix.SOL_SOCKET, unix.SO_RCVBUF, n)
+}
+
+// setNotsentLowat caps what a socket queues unsent at about n bytes: the
+// send queue to a client that does not read grew to tcp_wmem's maximum (4
+// MiB) (issue 26). It does not cap the bytes in flight, so a stream over a
+// long path keeps its pace.
+func setNotsentLowat(rc syscall.RawConn, n int) error {
+	return setOption(rc, unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT, n)
+}
+
 func setOption(rc syscall.RawConn, level, opt, value int) error {
 	var serr error
 	err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, opt, value) })

@@ -8,13 +8,17 @@ import (
 	"time"
 )
 
-// Outside Linux there is no TCP_USER_TIMEOUT, TCP_DEFER_ACCEPT or TCP_INFO:
-// the options are not set, a failed connection's sockets are closed at once
-// (every socket counts as broken), the sweep leaves stalled connections to
-// the kernel, and silent connections are never closed (see idle.go).
+// Outside Linux, in a development build, none of the options is set:
+// TCP_USER_TIMEOUT, TCP_DEFER_ACCEPT and the buffer bounds, which only the
+// Linux memory bound counts on. There is no TCP_INFO either: a failed
+// connection's sockets are closed at once (every socket counts as broken),
+// the sweep leaves stalled connections to the kernel, and silent
+// connections are never closed (see idle.go).
 
 func setUserTimeout(syscall.RawConn, time.Duration) error { return nil }
 func setDeferAccept(syscall.RawConn, time.Duration) error { return nil }
+func setRcvBuf(syscall.RawConn, int) error                { return nil }
+func setNotsentLowat(syscall.RawConn, int) error          { return nil }
 func connBroken(net.Conn) bool                            { return true }
 func queued(net.Conn) bool                                { return false }
 func stalledFor(net.Conn) time.Duration                   { return 0 }
