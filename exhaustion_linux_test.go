@@ -319,6 +319,7 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 	defer stopMonitor()
 
 	conns := make([]net.Conn, flood)
+	hello := []byte("x")
 	var dialErrs atomic.Int64
 	var dialers sync.WaitGroup
 	var next atomic.Int64
@@ -327,6 +328,10 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 		dialers.Go(func() {
 			for i := int(next.Add(1) - 1); i < flood; i = int(next.Add(1) - 1) {
 				c, err := net.DialTimeout("tcp", d.proxyAddr, 5*time.Second)
+				if err == nil {
+					// A client that has spoken keeps its slot (idle.go).
+					_, err = c.Write(hello)
+				}
 				if err != nil {
 					dialErrs.Add(1)
 					continue
@@ -390,11 +395,12 @@ func TestExhaustionFloodKeepsHealthServerAnswering(t *testing.T) {
 		}
 		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
 		msg := []byte("flooded")
-		got := make([]byte, len(msg))
+		got := make([]byte, len(hello)+len(msg))
+		want := string(hello) + string(msg) // the echo of hello, then msg's
 		if _, err := c.Write(msg); err != nil {
 			t.Errorf("client waiting in the backlog (%d of the last 20): write: %v", i, err)
-		} else if _, err := io.ReadFull(c, got); err != nil || string(got) != string(msg) {
-			t.Errorf("client waiting in the backlog (%d of the last 20): got %q, %v; want %q", i, got, err, msg)
+		} else if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
+			t.Errorf("client waiting in the backlog (%d of the last 20): got %q, %v; want %q", i, got, err, want)
 		}
 		_ = c.Close()
 	}
