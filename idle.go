@@ -18,7 +18,6 @@ package main
 
 import (
 	"context"
-	"net"
 	"time"
 )
 
@@ -89,19 +88,18 @@ func (p *proxy) candidates() []idleCandidate {
 }
 
 // reclaim closes the connection that gives way first to a waiting client,
-// if one qualifies, and reports whether it closed one.
-func (p *proxy) reclaim() bool {
+// if one qualifies. Once closed it is no candidate any more, so a look
+// before its slot is back closes the next one, not it again.
+func (p *proxy) reclaim() {
 	var victim *idleCandidate
 	for _, c := range p.candidates() {
 		if p.idle.qualifies(c) && (victim == nil || c.before(*victim)) {
 			victim = &c
 		}
 	}
-	if victim == nil {
-		return false
+	if victim != nil {
+		p.closeIdle(victim, reasonLimit)
 	}
-	p.closeIdle(victim, reasonLimit)
-	return true
 }
 
 // reapIdle closes connections silent for the idle timeout until ctx ends,
@@ -126,15 +124,8 @@ func (p *proxy) reapIdle(ctx context.Context) {
 // closeIdle closes c's connection, which its handler then ends as any
 // other failed one, and counts it.
 func (p *proxy) closeIdle(c *idleCandidate, reason string) {
-	p.log.Debug("closing a silent connection", "reason", reason, "client", clientAddr(c.pc.client),
+	p.log.Debug("closing a silent connection", "reason", reason, "client", c.pc.client.RemoteAddr().String(),
 		"silent", c.quiet.Round(time.Millisecond), "client_spoke", c.spoke)
 	c.pc.close()
 	p.m.idleConnsClosed.WithLabelValues(reason).Inc()
-}
-
-func clientAddr(c net.Conn) string {
-	if a := c.RemoteAddr(); a != nil {
-		return a.String()
-	}
-	return ""
 }
