@@ -264,12 +264,13 @@ func TestMainExitStatus(t *testing.T) {
 // test's process, so held connections show in its open descriptors and
 // goroutines, and the descriptor limit is this process's.
 func TestRunExportsProcessMetrics(t *testing.T) {
-	// exhEcho, not echo: splice pipes from earlier tests' io.Copy sit in a
-	// pool that a collection empties, and a collection between the two
-	// scrapes once took 556 descriptors away. Settle them first.
+	// exhEcho, not echo: echo's io.Copy splices, and its pooled pipes would
+	// come and go with the garbage collector while the test counts.
 	up := startUpstream(t, exhEcho)
 	d := startDaemon(t, nil, "--endpoints", up.addr)
 	d.waitOK(t, "/readyz")
+	// Earlier tests leave such pipes behind: a collection between the two
+	// scrapes once took 556 descriptors away. Let them go first.
 	quietCounts(t)
 	_, before := httpGet(d.healthBase + "/metrics")
 	const held = 5
