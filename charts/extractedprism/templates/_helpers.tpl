@@ -178,7 +178,7 @@ timing.
 The daemon's configuration, as the env of a container: the DaemonSet's
 and the check hook's, which must read the same values for the check to
 mean anything. Every value is passed as written; the daemon alone judges
-it (extractedprism check, run by the hook).
+it (extractedprism check, run by the hook). extraEnv comes last.
 */}}
 {{- define "extractedprism.env" -}}
 {{- $readyz := eq .Values.healthCheck "readyz" -}}
