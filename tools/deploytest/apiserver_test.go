@@ -40,8 +40,9 @@ import (
 // turns their absence from a skip into a failure, for CI that has them.
 const defaultE2EBinDir = "/root/.cache/extractedprism-e2e/v1.37.2"
 
-// TestAPIServerAcceptsManifests sends every render of the template matrix
-// and deploy/extractedprism.yaml to a real kube-apiserver as server-side
+// TestAPIServerAcceptsManifests sends every render of the template matrix,
+// of the example values files (the chart's ci/ and examples/sni), of the
+// chart as a subchart, and deploy/extractedprism.yaml to a real kube-apiserver as server-side
 // apply dry runs with strict field validation, so the API server's own
 // schema and admission judge them. It then applies the discovery RBAC for
 // real and asks the authorizer what the service account may do.
@@ -78,6 +79,18 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 	if renders["examples/sni/values.yaml"], err = splitDocuments(sniText); err != nil {
+		t.Fatalf("%v", err)
+	}
+	for _, file := range ciValuesFiles(t) {
+		text, err := renderYAML(t, nil, "--values", file)
+		if err != nil {
+			t.Fatalf("%v", err)
+		}
+		if renders["chart: "+file], err = splitDocuments(text); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+	}
+	if renders["chart as a subchart"], err = splitDocuments(renderAsSubchart(t, subchartValues)); err != nil {
 		t.Fatalf("%v", err)
 	}
 	talosPod := talosStaticPod(t)

@@ -97,15 +97,20 @@ func templateCases(appVersion string) []templateCase {
 					"EP_BIND_ADDRESS":       "127.0.0.1",
 					"EP_BIND_PORT":          "7445",
 					"EP_HEALTH_PORT":        "7446",
-					"EP_HEALTH_INTERVAL":    "20s",
-					"EP_HEALTH_TIMEOUT":     "15s",
+					"EP_HEALTH_INTERVAL":    "5s",
+					"EP_HEALTH_TIMEOUT":     "2s",
 					"EP_ENABLE_DISCOVERY":   "true",
 					"EP_LOG_LEVEL":          "info",
 					"EP_LIVENESS_INTERVAL":  "5s",
 					"EP_LIVENESS_THRESHOLD": "15s",
-					"EP_DRAIN_TIMEOUT":      "30s",
+					"EP_DRAIN_TIMEOUT":      "5s",
 					"EP_UPSTREAM_SELECTION": "random",
-					"EP_HEALTH_CHECK":       "tcp",
+					// readyz with the pod's own token and the cluster CA,
+					// both from the service-account volume.
+					"EP_HEALTH_CHECK":             "readyz",
+					"EP_HEALTH_CHECK_CA_FILE":     serviceAccountDir + "/ca.crt",
+					"EP_HEALTH_CHECK_SERVER_NAME": "kubernetes.default.svc",
+					"EP_HEALTH_CHECK_TOKEN_FILE":  serviceAccountDir + "/token",
 				}
 				if got := envValues(t, c); !maps.Equal(got, wantEnv) {
 					t.Errorf("env = %v; want %v", got, wantEnv)
@@ -115,6 +120,10 @@ func templateCases(appVersion string) []templateCase {
 				}
 				if c.ImagePullPolicy != corev1.PullIfNotPresent {
 					t.Errorf("imagePullPolicy = %q; want IfNotPresent", c.ImagePullPolicy)
+				}
+				checkNodeCritical(t, pod)
+				if len(c.Args) != 0 || c.StartupProbe != nil {
+					t.Errorf("args %v, startupProbe %v; want none by default", c.Args, c.StartupProbe)
 				}
 				checkDiscoveryRBAC(t, m)
 				if !boolValue(pod.AutomountServiceAccountToken) {
@@ -167,6 +176,28 @@ func templateCases(appVersion string) []templateCase {
 				}
 				if len(m.Roles) != 0 || len(m.RoleBindings) != 0 {
 					t.Errorf("discovery off renders %d Roles and %d RoleBindings; want none", len(m.Roles), len(m.RoleBindings))
+				}
+				// The default readyz check still reads the token and CA.
+				if !boolValue(m.DaemonSet.Spec.Template.Spec.AutomountServiceAccountToken) {
+					t.Error("the service-account token is not mounted, which the readyz check reads")
+				}
+			},
+		},
+		{
+			// The fallback where the cluster CA does not sign the API
+			// servers' serving certificates: the readyz settings, defaults
+			// included, are left out rather than refused.
+			name:   "tcp check without discovery",
+			values: withEndpoints(map[string]any{"healthCheck": "tcp", "discovery": map[string]any{"enabled": false}}),
+			check: func(t *testing.T, m *manifest) {
+				env := envValues(t, container(t, m))
+				if env["EP_HEALTH_CHECK"] != "tcp" {
+					t.Errorf("EP_HEALTH_CHECK = %q; want tcp", env["EP_HEALTH_CHECK"])
+				}
+				for name := range env {
+					if strings.HasPrefix(name, "EP_HEALTH_CHECK_") {
+						t.Errorf("%s set with the tcp check", name)
+					}
 				}
 				if boolValue(m.DaemonSet.Spec.Template.Spec.AutomountServiceAccountToken) {
 					t.Error("the service-account token is mounted although nothing reads it")
@@ -335,7 +366,7 @@ func templateCases(appVersion string) []templateCase {
 			values: withEndpoints(map[string]any{
 				"discovery":         map[string]any{"enabled": false},
 				"healthCheck":       "readyz",
-				"readyz":            map[string]any{"caFile": "/etc/extractedprism/ca.crt", "serverName": "api.example.com"},
+				"readyz":            map[string]any{"caFile": "/etc/extractedprism/ca.crt", "serverName": "api.example.com", "credentials": "none"},
 				"extraVolumes":      []any{map[string]any{"name": "ca", "configMap": map[string]any{"name": "api-ca"}}},
 				"extraVolumeMounts": []any{map[string]any{"name": "ca", "mountPath": "/etc/extractedprism", "readOnly": true}},
 			}),
@@ -441,7 +472,7 @@ func templateCases(appVersion string) []templateCase {
 				"livenessThreshold": "1m",
 				"drainTimeout":      "0s",
 				"upstreamSelection": "latency",
-				"image":             map[string]any{"repository": "registry.example/ep", "tag": "v9.9.9", "pullPolicy": "Always"},
+				"image":             map[string]any{"registry": "registry.example", "repository": "ep", "tag": "v9.9.9", "pullPolicy": "Always"},
 				"updateStrategy":    map[string]any{"maxUnavailable": "10%"},
 			}),
 			check: func(t *testing.T, m *manifest) {
@@ -528,33 +559,6 @@ func TestTemplatePortBySet(t *testing.T) {
 			t.Errorf("--set %s: %s = %q; want %s", set, variable, env[variable], value)
 		}
 		checkPasses(t, m)
-	}
-}
-
-// TestTemplateAsSubchart renders the chart as a parent chart's dependency,
-// which helm always hands the parent's global values.
-func TestTemplateAsSubchart(t *testing.T) {
-	parent := filepath.Join(t.TempDir(), "parent")
-	if err := os.CopyFS(filepath.Join(parent, "charts", "extractedprism"), os.DirFS(chartDir)); err != nil {
-		t.Fatalf("copy chart: %v", err)
-	}
-	writeFile(t, filepath.Join(parent, "Chart.yaml"), []byte("apiVersion: v2\nname: parent\nversion: 0.1.0\n"))
-	data, err := yaml.Marshal(map[string]any{
-		"global":         map[string]any{"imageRegistry": "registry.example"},
-		"extractedprism": map[string]any{"endpoints": exampleEndpoints},
-	})
-	if err != nil {
-		t.Fatalf("marshal values: %v", err)
-	}
-	writeFile(t, filepath.Join(parent, "values.yaml"), data)
-	out, err := runHelm(t, "template", releaseName, parent, "--namespace", releaseNamespace, "--kube-version", kubeVersion)
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
-	m := decodeManifest(t, out)
-	checkInvariants(t, m)
-	if got := envValues(t, container(t, m))["EP_ENDPOINTS"]; got != strings.Join(exampleEndpoints, ",") {
-		t.Errorf("EP_ENDPOINTS = %q; want the parent's values for the subchart", got)
 	}
 }
 
@@ -692,7 +696,7 @@ func TestTemplateDurationsAsTheDaemonReadsThem(t *testing.T) {
 		ok    func(d time.Duration) bool
 		with  map[string]any // other values the case needs
 	}{
-		{"healthTimeout", "health-timeout", func(d time.Duration) bool { return d >= time.Second && d < 20*time.Second }, nil},
+		{"healthTimeout", "health-timeout", func(d time.Duration) bool { return d >= time.Second && d < 20*time.Second }, map[string]any{"healthInterval": "20s"}},
 		{"healthInterval", "health-interval", func(d time.Duration) bool { return d > time.Second }, map[string]any{"healthTimeout": "1s"}},
 		{"drainTimeout", "drain-timeout", func(d time.Duration) bool { return d >= 0 }, nil},
 	}
@@ -781,12 +785,15 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "maxUnavailable over half the nodes", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": "51%"}}), chart: []string{"'/updateStrategy/maxUnavailable'"}},
 		{name: "negative minReadySeconds", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"minReadySeconds": -1}}), chart: []string{"'/updateStrategy/minReadySeconds'", "minimum"}},
 		{name: "relative cache directory", values: withEndpoints(map[string]any{"discovery": map[string]any{"cache": map[string]any{"enabled": true, "hostPath": "var/lib"}}}), chart: []string{"'/discovery/cache/hostPath'"}},
+		{name: "image digest without its algorithm", values: withEndpoints(map[string]any{"image": map[string]any{"digest": "0123456789abcdef"}}), chart: []string{"'/image/digest'"}},
+		{name: "global image registry not a string", values: withEndpoints(map[string]any{"global": map[string]any{"imageRegistry": 5}}), chart: []string{"'/global/imageRegistry'", "want string"}},
+		{name: "unknown probe field", values: withEndpoints(map[string]any{"livenessProbe": map[string]any{"period": 5}}), chart: []string{"at '/livenessProbe': additional properties 'period' not allowed"}},
+		{name: "extra arguments as one string", values: withEndpoints(map[string]any{"extraArgs": "--log-level=debug"}), chart: []string{"'/extraArgs'", "want array"}},
 		{name: "client certificate Secret with a bad name", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate", "clientCertificate": map[string]any{"secretName": "EP_Readyz"}}}), chart: []string{"'/readyz/clientCertificate/secretName'"}},
 
 		// The chart's rules about values only it reads (_helpers.tpl validate).
 		{name: "PodMonitor without exposed metrics", values: withEndpoints(map[string]any{"metrics": map[string]any{"podMonitor": map[string]any{"enabled": true}}}), chart: []string{"metrics.podMonitor.enabled needs metrics.expose"}},
 		{name: "exposed metrics and a health bind address", values: withEndpoints(map[string]any{"healthBindAddress": "0.0.0.0", "metrics": map[string]any{"expose": true}}), chart: []string{"leave healthBindAddress empty"}},
-		{name: "credentials with the tcp check", values: withEndpoints(map[string]any{"readyz": map[string]any{"credentials": "serviceAccountToken"}}), chart: []string{"set healthCheck=readyz"}},
 		{name: "client certificate without a Secret", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate"}}), chart: []string{"readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName"}},
 		{name: "client certificate left null", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate", "clientCertificate": nil}}), chart: []string{"needs readyz.clientCertificate.secretName"}},
 		{name: "existing service account without a name", values: withEndpoints(map[string]any{"serviceAccount": map[string]any{"create": false}}), chart: []string{"serviceAccount.name is required"}},
@@ -815,7 +822,7 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "duration without unit", values: withEndpoints(map[string]any{"healthInterval": "20"}), daemon: []string{`EP_HEALTH_INTERVAL (--health-interval): invalid duration "20"`}},
 		{name: "duration beyond Go's range", values: withEndpoints(map[string]any{"drainTimeout": "2562048h"}), daemon: []string{`EP_DRAIN_TIMEOUT (--drain-timeout): invalid duration "2562048h"`}},
 		{name: "negative drain timeout", values: withEndpoints(map[string]any{"drainTimeout": "-1s"}), daemon: []string{"--drain-timeout (EP_DRAIN_TIMEOUT) must not be negative: got -1s"}},
-		{name: "health timeout not below the interval", values: withEndpoints(map[string]any{"healthTimeout": "20s"}), daemon: []string{"--health-timeout (EP_HEALTH_TIMEOUT) must be less than --health-interval (EP_HEALTH_INTERVAL): got 20s >= 20s"}},
+		{name: "health timeout not below the interval", values: withEndpoints(map[string]any{"healthInterval": "20s", "healthTimeout": "20s"}), daemon: []string{"--health-timeout (EP_HEALTH_TIMEOUT) must be less than --health-interval (EP_HEALTH_INTERVAL): got 20s >= 20s"}},
 		{name: "health timeout above the interval in other units", values: withEndpoints(map[string]any{"healthInterval": "1m", "healthTimeout": "60500ms"}), daemon: []string{"got 1m0.5s >= 1m0s"}},
 		{name: "left-out interval below the timeout", values: withEndpoints(map[string]any{"healthInterval": nil, "healthTimeout": "25s"}), daemon: []string{"got 25s >= 20s"}},
 		{name: "sub-second health interval", values: withEndpoints(map[string]any{"healthInterval": "900ms", "healthTimeout": "500ms"}), daemon: []string{"--health-interval (EP_HEALTH_INTERVAL) must be at least 1s: got 900ms"}},
@@ -894,12 +901,6 @@ func checkInvariants(t *testing.T, m *manifest) {
 	if pod.DNSPolicy != corev1.DNSDefault {
 		t.Errorf("dnsPolicy = %q; want Default", pod.DNSPolicy)
 	}
-	if pod.PriorityClassName != "system-node-critical" {
-		t.Errorf("priorityClassName = %q; want system-node-critical", pod.PriorityClassName)
-	}
-	if want := []corev1.Toleration{{Operator: corev1.TolerationOpExists}}; !slices.Equal(pod.Tolerations, want) {
-		t.Errorf("tolerations = %+v; want exactly %+v (every taint)", pod.Tolerations, want)
-	}
 	if len(pod.InitContainers) != 0 || len(pod.Containers) != 1 {
 		t.Fatalf("%d init containers, %d containers; want 0 and 1", len(pod.InitContainers), len(pod.Containers))
 	}
@@ -955,14 +956,20 @@ func checkInvariants(t *testing.T, m *manifest) {
 		}
 	}
 
-	// Configuration is environment only: the image's entrypoint with no
-	// arguments, so there is one place to read it.
-	if len(c.Command) != 0 || len(c.Args) != 0 {
-		t.Errorf("command %v, args %v; want configuration in EP_* variables only", c.Command, c.Args)
+	// The image's entrypoint, the daemon; arguments only from extraArgs,
+	// which are flags, never a subcommand.
+	if len(c.Command) != 0 {
+		t.Errorf("command %v; want the image's entrypoint", c.Command)
 	}
-	for _, e := range c.Env {
-		if !strings.HasPrefix(e.Name, "EP_") {
-			t.Errorf("env %s is not an EP_* variable", e.Name)
+	for _, arg := range c.Args {
+		if !strings.HasPrefix(arg, "-") {
+			t.Errorf("argument %q is not a flag", arg)
+		}
+	}
+	// The chart's EP_* variables first; extraEnv's entries only after them.
+	for i, e := range c.Env {
+		if i > 0 && strings.HasPrefix(e.Name, "EP_") && !strings.HasPrefix(c.Env[i-1].Name, "EP_") {
+			t.Errorf("env %s follows %s, an entry of extraEnv", e.Name, c.Env[i-1].Name)
 		}
 	}
 	port, err := strconv.Atoi(env["EP_HEALTH_PORT"])
@@ -1000,6 +1007,18 @@ func checkInvariants(t *testing.T, m *manifest) {
 		if binding.Namespace != "default" {
 			t.Errorf("RoleBinding %s in namespace %q; want default", binding.Name, binding.Namespace)
 		}
+	}
+}
+
+// checkNodeCritical checks the defaults that keep the pods on every node
+// and last to be preempted.
+func checkNodeCritical(t *testing.T, pod corev1.PodSpec) {
+	t.Helper()
+	if pod.PriorityClassName != "system-node-critical" {
+		t.Errorf("priorityClassName = %q; want system-node-critical", pod.PriorityClassName)
+	}
+	if want := []corev1.Toleration{{Operator: corev1.TolerationOpExists}}; !slices.Equal(pod.Tolerations, want) {
+		t.Errorf("tolerations = %+v; want exactly %+v (every taint)", pod.Tolerations, want)
 	}
 }
 

@@ -61,10 +61,13 @@ type checkRun struct {
 func runCheck(t *testing.T, m *manifest) checkRun {
 	t.Helper()
 	args, env := hookCommand(t, m)
+	// Built before the bound starts: the first build of a run may take
+	// longer than the check ever should.
+	bin := daemonBinary(t)
 	const bound = 30 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, daemonBinary(t), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = env
 	cmd.Dir = t.TempDir()
 	var stdout, stderr bytes.Buffer
@@ -171,8 +174,10 @@ func checkHookJob(t *testing.T, m *manifest) {
 		t.Errorf("check pod labels %v match the DaemonSet's selector %v", spec.Template.Labels, ds.Spec.Selector.MatchLabels)
 	}
 
-	if !slices.Equal(c.Args, []string{"check"}) || len(c.Command) != 0 {
-		t.Errorf("check container command %v, args %v; want the image's entrypoint with [check]", c.Command, c.Args)
+	// The DaemonSet's extraArgs after the subcommand, so the check judges
+	// the flags the daemon will start with.
+	if want := append([]string{"check"}, dsc.Args...); !slices.Equal(c.Args, want) || len(c.Command) != 0 {
+		t.Errorf("check container command %v, args %v; want the image's entrypoint with %v", c.Command, c.Args, want)
 	}
 	if c.Image != dsc.Image || c.ImagePullPolicy != dsc.ImagePullPolicy {
 		t.Errorf("check image %q (%s); want the DaemonSet's %q (%s)", c.Image, c.ImagePullPolicy, dsc.Image, dsc.ImagePullPolicy)

@@ -61,6 +61,7 @@ func TestPlainManifestInSync(t *testing.T) {
 	m := decodeManifest(t, string(got))
 	checkInvariants(t, m)
 	checkDiscoveryRBAC(t, m)
+	checkNodeCritical(t, m.DaemonSet.Spec.Template.Spec)
 	if m.CheckJob != nil {
 		t.Errorf("%s carries the check hook's Job", manifestPath)
 	}

@@ -1,28 +1,39 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "extractedprism.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{/*
-The release's full name: the release name, with the chart name appended
-unless the release name already contains it. Kubernetes names stop at 63
-characters.
+The release's full name: fullnameOverride, else the release name with the
+chart's name appended unless the release name already contains it.
+Kubernetes names stop at 63 characters.
 */}}
 {{- define "extractedprism.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- $name := include "extractedprism.name" . -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
 {{/* Labels that select the pods; they must not change between upgrades. */}}
 {{- define "extractedprism.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "extractedprism.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{/* Labels on every object. */}}
+{{/* Labels on every object: the chart's, then commonLabels. */}}
 {{- define "extractedprism.labels" -}}
 {{ include "extractedprism.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "extractedprism.serviceAccountName" -}}
@@ -93,9 +104,64 @@ URL.
 {{- end -}}
 {{- end -}}
 
-{{/* The daemon's image, for the DaemonSet and the check hook alike. */}}
+{{/*
+The daemon's image, for the DaemonSet and the check hook alike:
+global.imageRegistry or image.registry before the repository, and the
+digest, when set, instead of the tag, so that what runs is exactly what was
+verified.
+*/}}
 {{- define "extractedprism.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $registry := dig "imageRegistry" "" (.Values.global | default dict) | default .Values.image.registry -}}
+{{- $repository := .Values.image.repository -}}
+{{- if $registry -}}
+{{- $repository = printf "%s/%s" $registry $repository -}}
+{{- end -}}
+{{- if .Values.image.digest -}}
+{{ $repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ $repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A security context: the chart's (base, a dict) with the user's values
+(over) merged on top, the user winning.
+*/}}
+{{- define "extractedprism.securityContext" -}}
+{{- toYaml (mergeOverwrite .base (deepCopy (.over | default dict))) -}}
+{{- end -}}
+
+{{/*
+The pod's security context for a UID: 65534, or 0 where the kubelet's key
+must be read.
+*/}}
+{{- define "extractedprism.podSecurityContext" -}}
+{{- $base := dict "runAsUser" .uid "runAsGroup" .uid "runAsNonRoot" (ne .uid 0) "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- include "extractedprism.securityContext" (dict "base" $base "over" .values.podSecurityContext) -}}
+{{- end -}}
+
+{{/* The container's security context for a UID. */}}
+{{- define "extractedprism.containerSecurityContext" -}}
+{{- $base := dict "runAsUser" .uid "runAsGroup" .uid "runAsNonRoot" (ne .uid 0)
+  "privileged" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true
+  "capabilities" (dict "drop" (list "ALL")) "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- include "extractedprism.securityContext" (dict "base" $base "over" .values.securityContext) -}}
+{{- end -}}
+
+{{/*
+A probe: the values as they are when they name a handler of their own,
+else the chart's HTTP GET of path on the health port with the values'
+timing.
+*/}}
+{{- define "extractedprism.probe" -}}
+{{- $probe := .probe | default dict -}}
+{{- $own := or $probe.httpGet $probe.tcpSocket $probe.exec $probe.grpc -}}
+{{- if not $own -}}
+{{- $get := dict "path" .path "port" .port -}}
+{{- with .host }}{{ $_ := set $get "host" . }}{{ end -}}
+{{- $probe = merge (dict "httpGet" $get) $probe -}}
+{{- end -}}
+{{- toYaml $probe -}}
 {{- end -}}
 
 {{/* The directory the readyz client certificate Secret is mounted at. */}}
@@ -112,7 +178,7 @@ URL.
 The daemon's configuration, as the env of a container: the DaemonSet's
 and the check hook's, which must read the same values for the check to
 mean anything. Every value is passed as written; the daemon alone judges
-it (extractedprism check, run by the hook).
+it (extractedprism check, run by the hook). extraEnv comes last.
 */}}
 {{- define "extractedprism.env" -}}
 {{- $readyz := eq .Values.healthCheck "readyz" -}}
@@ -182,6 +248,9 @@ it (extractedprism check, run by the hook).
   value: {{ .Values.readyz.serviceAccountToken.path | quote }}
 {{- end }}
 {{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -195,9 +264,6 @@ Each failure says what to do.
 {{- end -}}
 {{- if and .Values.metrics.podMonitor.enabled (not .Values.metrics.expose) -}}
 {{- fail "metrics.podMonitor.enabled needs metrics.expose=true: Prometheus cannot scrape a health server bound to loopback" -}}
-{{- end -}}
-{{- if and (ne .Values.healthCheck "readyz") (ne .Values.readyz.credentials "none") -}}
-{{- fail (printf "readyz.credentials=%s is used only by the readyz check: set healthCheck=readyz, or readyz.credentials=none" .Values.readyz.credentials) -}}
 {{- end -}}
 {{- if and (eq .Values.healthCheck "readyz") (eq .Values.readyz.credentials "clientCertificate") (not (dig "clientCertificate" "secretName" "" .Values.readyz)) -}}
 {{- fail "readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName: the Secret of type kubernetes.io/tls that holds the certificate and key" -}}
