@@ -8,7 +8,7 @@
 # Without an argument the version is the tag on HEAD, or v0.0.0-<rev> for an
 # untagged commit. dist/ gets, for linux/amd64 and linux/arm64:
 #   extractedprism-<v>-linux-<arch>           static binary
-#   extractedprism-<v>-linux-<arch>.cdx.json  CycloneDX SBOM of its modules
+#   extractedprism-<v>-linux-<arch>.cdx.json  CycloneDX SBOM of the modules in it
 #   extractedprism-<chart version>.tgz        the Helm chart
 #   image-digests.txt                         digests of the image index and its manifests
 #   oci/                                      the image, an OCI image layout
@@ -60,11 +60,13 @@ for arch in amd64 arm64; do
 	# clone turns true.
 	CGO_ENABLED=0 GOOS=linux GOARCH=$arch go build -trimpath -buildvcs=false \
 		-ldflags "-s -w -X main.Version=$VERSION -X main.Revision=$REVISION" -o "$bin" .
-	# The SBOM's module list under the binary's build constraints;
+	# The SBOM of the modules linked into the binary, read from the build
+	# info the binary carries (bin mode needs no git, unlike app mode).
 	# -noserial and -notimestamp: a random serial and the clock would make
-	# every run differ, and the version names the build.
-	CGO_ENABLED=0 GOOS=linux GOARCH=$arch "$TOOLS/cyclonedx-gomod-$CYCLONEDX_VERSION/cyclonedx-gomod" app \
-		-json -licenses -noserial -notimestamp -output "$bin.cdx.json" .
+	# every run differ; the version names the build. No -licenses: it would
+	# fetch this module at $VERSION from the proxy, before it is published.
+	"$TOOLS/cyclonedx-gomod-$CYCLONEDX_VERSION/cyclonedx-gomod" bin \
+		-json -std -noserial -notimestamp -version "$VERSION" -output "$bin.cdx.json" "$bin"
 done
 
 (cd tools/release && go build -trimpath -o "$work/release" .)
