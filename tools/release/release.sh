@@ -39,10 +39,12 @@ SOURCE_DATE_EPOCH=$(git log -1 --format=%ct HEAD)
 export SOURCE_DATE_EPOCH
 echo "release.sh: $VERSION, revision $REVISION, commit time $SOURCE_DATE_EPOCH, $(go version)"
 
+# -trimpath: the SBOM records the generator's own hash, which without it
+# would depend on the module cache's path.
 install_tool() { # dir, package@version
 	if [ ! -x "$TOOLS/$1/$(basename "${2%@*}")" ]; then
 		mkdir -p "$TOOLS/$1"
-		GOBIN="$TOOLS/$1" go install "$2"
+		GOBIN="$TOOLS/$1" go install -trimpath "$2"
 	fi
 }
 install_tool "helm-$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
@@ -80,5 +82,5 @@ done
 "$work/release" chart -created "$SOURCE_DATE_EPOCH" "$work/extractedprism-${VERSION#v}.tgz"
 mv "$work/extractedprism-${VERSION#v}.tgz" dist/
 
-(cd dist && find . -maxdepth 1 -type f -printf '%P\n' | LC_ALL=C sort | xargs sha256sum >SHA256SUMS)
+(cd dist && find . -maxdepth 1 -type f -printf '%P\n' | LC_ALL=C sort | xargs sha256sum >"$work/SHA256SUMS") && mv "$work/SHA256SUMS" dist/
 cat dist/SHA256SUMS dist/image-digests.txt
