@@ -81,6 +81,6 @@ func runImage(args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Print(digests)
-	return nil
+	_, err = fmt.Fprint(os.Stdout, digests)
+	return err
 }
