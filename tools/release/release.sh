@@ -35,6 +35,10 @@ if ! [[ $VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]]; then
 	echo "release.sh: version $VERSION is not vX.Y.Z[-pre]" >&2
 	exit 1
 fi
+# The Go that go.mod names, whatever Go is installed (the go command fetches
+# it through the module proxy): another compiler writes other bytes.
+GOTOOLCHAIN=go$(awk '$1 == "go" {print $2}' go.mod)
+export GOTOOLCHAIN
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct HEAD)
 export SOURCE_DATE_EPOCH
 echo "release.sh: $VERSION, revision $REVISION, commit time $SOURCE_DATE_EPOCH, $(go version)"
