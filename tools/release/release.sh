@@ -80,7 +80,16 @@ done
 	-binary "linux/amd64=dist/extractedprism-$VERSION-linux-amd64" \
 	-binary "linux/arm64=dist/extractedprism-$VERSION-linux-arm64" >dist/image-digests.txt
 
-"$TOOLS/helm-$HELM_VERSION/helm" package charts/extractedprism --version "${VERSION#v}" --app-version "$VERSION" -d "$work" >/dev/null
+# appVersion without the v, as the chart's own default and the examples
+# name the image (the release pushes both tags); Artifact Hub's image
+# annotation must name the same tag, which helm package does not change.
+cp -R charts/extractedprism "$work/chart"
+sed -i "s#^\(      image: ghcr.io/extractedprism/extractedprism:\).*#\1${VERSION#v}#" "$work/chart/Chart.yaml"
+grep -q "^      image: ghcr.io/extractedprism/extractedprism:${VERSION#v}\$" "$work/chart/Chart.yaml" || {
+	echo "release.sh: the artifacthub.io/images annotation in charts/extractedprism/Chart.yaml no longer has the expected form" >&2
+	exit 1
+}
+"$TOOLS/helm-$HELM_VERSION/helm" package "$work/chart" --version "${VERSION#v}" --app-version "${VERSION#v}" -d "$work" >/dev/null
 # helm stamps every archive entry with the clock; the entries' times become
 # the commit time, the contents stay as helm wrote them.
 "$work/release" chart -created "$SOURCE_DATE_EPOCH" "$work/extractedprism-${VERSION#v}.tgz"
