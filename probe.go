@@ -24,6 +24,9 @@ type checkResult struct {
 	// notReady is its failure, nil when the upstream answered 200.
 	probed   bool
 	notReady error
+	// start is when the check began: a probe that timed out saw the
+	// upstream failing from then.
+	start time.Time
 }
 
 // checkFunc runs one health check of addr within ctx's deadline.
@@ -62,8 +65,9 @@ func closeAbortive(c net.Conn) {
 
 // probeLoop checks u at once and then every interval until ctx is done. Each
 // upstream has its own loop, so a black-holed upstream never delays the
-// checks of the others. After a failed check the next one comes after
-// quickRecheck, and a failed client dial asks for one at once.
+// checks of the others. After a failed check the next one starts
+// quickRecheck after it began (at once after a check that timed out), and a
+// failed client dial asks for one at once.
 func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -74,9 +78,11 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		case <-t.C:
 		case <-u.recheck:
 		}
+		start := time.Now()
 		checkCtx, cancel := context.WithTimeout(ctx, p.cfg.timeout) // each check has its own deadline
 		res := p.check(checkCtx, u.addr)
 		cancel()
+		res.start = start
 		if ctx.Err() != nil {
 			return // stopped mid-check: the result says nothing about u
 		}
@@ -86,7 +92,7 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 			// upstream dead at once. Try again next interval.
 			u.log.Warn("health check skipped: local resources exhausted", "err", cmp.Or(res.err, res.notReady))
 		} else if p.reportCheck(u, res) && p.cfg.quickRecheck > 0 {
-			next = min(p.cfg.quickRecheck, next)
+			next = min(p.cfg.quickRecheck-time.Since(start), next)
 		}
 		t.Reset(next)
 	}

@@ -968,7 +968,7 @@ func rzEvicted(px *testProxy, addr string) bool {
 func TestReadyzUnreadyConnectionsClosedAfterDrainTimeout(t *testing.T) {
 	const drain = 500 * time.Millisecond
 	r := rzStartRig(t, drain)
-	// A's first failed probe ends after this, and the drain timeout runs
+	// A's first failed probe begins after this, and the drain timeout runs
 	// from then.
 	before := time.Now()
 	r.a.status.Store(http.StatusInternalServerError)

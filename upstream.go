@@ -421,6 +421,11 @@ type readiness struct {
 	// ready. A passing probe clears it.
 	ready, pending, known, reprobe bool
 	streak                         int // failed probes in a row
+	// graceFrom is when the drain timeout before an unready upstream's
+	// connections are closed starts: when the first failed probe of the
+	// streak began, or when a connection reached it after its connections
+	// were closed (see connected).
+	graceFrom time.Time
 }
 
 // step applies one check result to r and reports false when the result
@@ -442,6 +447,9 @@ func (r *readiness) step(res checkResult, healthy bool) bool {
 	case res.notReady == nil:
 		r.ready, r.pending, r.streak, r.reprobe, r.known = true, false, 0, false, true
 	default:
+		if r.streak == 0 {
+			r.graceFrom = res.start
+		}
 		r.streak++
 		if r.pending || r.reprobe || r.streak >= failThreshold {
 			r.ready, r.pending = false, false
@@ -465,9 +473,12 @@ func (p *pool) connected(u *upstream, pc *proxyConn) bool {
 	u.conns[pc] = struct{}{}
 	u.connGauge.Inc()
 	// A connection that reaches an unready upstream while another is ready
-	// (a last-resort dial) is closed at the next state change or check, so
-	// it is usable meanwhile rather than closed the moment it was made.
-	u.evicted = false
+	// (a last-resort dial) gets a drain timeout of its own from the next
+	// state change or check, so it is usable meanwhile rather than closed
+	// the moment it was made.
+	if u.evicted {
+		u.evicted, u.rd.graceFrom = false, time.Now()
+	}
 	return true
 }
 
@@ -567,14 +578,27 @@ func (p *pool) updateEvictionsLocked(all []*upstream, ready int) {
 			}
 			u.evicted = false
 		case u.evict.pending() || u.evicted:
-		case p.cfg.drainTimeout == 0:
-			p.evictLocked(u)
 		default:
-			p.note(u, slog.LevelInfo, "upstream not ready while another is: closing its connections after the drain timeout",
-				"connections", len(u.conns), "timeout", p.cfg.drainTimeout)
-			p.arm(&u.evict, p.cfg.drainTimeout, func() { p.evictLocked(u) })
+			p.startEvictionLocked(u)
 		}
 	}
+}
+
+// startEvictionLocked arms the closing of u's connections for the drain
+// timeout after u's first failed probe rather than after the verdict: the
+// two probes that make the verdict take up to two check timeouts and the
+// recheck, and an API server that lost etcd quorum would otherwise keep
+// its watchers that much longer without events. The grace is for requests
+// already running, which have had it since the first failure.
+func (p *pool) startEvictionLocked(u *upstream) {
+	delay := p.cfg.drainTimeout - time.Since(u.rd.graceFrom)
+	if p.cfg.drainTimeout == 0 || delay <= 0 {
+		p.evictLocked(u)
+		return
+	}
+	p.note(u, slog.LevelInfo, "upstream not ready while another is: closing its connections after the drain timeout",
+		"connections", len(u.conns), "timeout", p.cfg.drainTimeout, "from_first_failed_probe", true, "in", delay.Round(time.Millisecond))
+	p.arm(&u.evict, delay, func() { p.evictLocked(u) })
 }
 
 func (p *pool) evictLocked(u *upstream) {

@@ -769,6 +769,37 @@ func TestQuickRecheckConfirmsFailureInSeconds(t *testing.T) {
 	})
 }
 
+// The confirming check starts quickRecheck after the failed one began, so
+// one that ran into its timeout is confirmed at once: a black-holed or
+// stalled upstream costs two timeouts, not two timeouts and the recheck.
+func TestQuickRecheckAfterTimeoutAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := defaultTestPool
+		cfg.timeout, cfg.quickRecheck = 2*time.Second, time.Second
+		tp := newTestPool(cfg)
+		defer tp.close()
+		const a = "10.0.0.1:6443"
+		start := time.Now()
+		tp.update([]string{a})
+		synctest.Wait()
+		tp.checks.mu.Lock()
+		tp.checks.block[a] = true
+		tp.checks.mu.Unlock()
+		time.Sleep(25 * time.Second)
+		synctest.Wait()
+		var at []time.Duration
+		for _, c := range tp.checks.times(a) {
+			at = append(at, c.Sub(start))
+		}
+		if want := []time.Duration{0, 20 * time.Second, 22 * time.Second}; !slices.Equal(at, want) {
+			t.Errorf("check times: got %v; want %v (the confirming check as the timed-out one ends)", at, want)
+		}
+		if got := tp.status(a); got != 0 {
+			t.Errorf("health_check_status after two timed-out checks: got %v; want 0", got)
+		}
+	})
+}
+
 // A failed dial of an included upstream asks for a check at once. With
 // every upstream down, though, each client dials the excluded ones as a
 // last resort: those failed dials must not each trigger a check, or the
@@ -913,14 +944,15 @@ func evictionSetup(t *testing.T, drain time.Duration) (tp *testPool, clientEnd n
 	return tp, clientEnd
 }
 
-// The connections of an unready upstream close at the drain timeout, not
-// before, under the pool's lock. A single failed connect of b, the only
-// other ready upstream, meanwhile keeps b ready and first in line and does
-// not call the closing off: it would otherwise restart with a full drain
-// timeout after every lost SYN.
+// The connections of an unready upstream close when the drain timeout
+// since its first failed probe ends, not before, under the pool's lock. A
+// single failed connect of b, the only other ready upstream, meanwhile
+// keeps b ready and first in line and does not call the closing off: it
+// would otherwise restart with a full drain timeout after every lost SYN.
 func TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tp, held := evictionSetup(t, 30*time.Second)
+		// a's first failed probe is at 20 s: its connections close at 80 s.
+		tp, held := evictionSetup(t, 60*time.Second)
 		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
 		u := tp.upstream(a)
 		checked := tp.attachLockChecked(t, u)
@@ -937,7 +969,7 @@ func TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout(t *testing.T) {
 		if got := picks(tp.pool, 200); got[b] != 200 {
 			t.Errorf("b, the only ready upstream, failed one connect: picks %v; want b only, not unready a", got)
 		}
-		time.Sleep(9*time.Second - time.Nanosecond)
+		time.Sleep(19*time.Second - time.Nanosecond)
 		synctest.Wait()
 		if checked.closed.Load() || !tp.pendingOf(&u.evict) {
 			t.Fatalf("just before the drain timeout: closed=%v, closing pending=%v; want open, pending",
@@ -952,6 +984,29 @@ func TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout(t *testing.T) {
 	})
 }
 
+// A drain timeout shorter than the two probes of the verdict has run out
+// by then: the connections close with the verdict, not a drain timeout
+// after it.
+func TestEvictionAtVerdictWhenGraceSpent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp, held := evictionSetup(t, 10*time.Second)
+		const a = "10.0.0.1:6443"
+		tp.checks.setUnready(a, true)
+		// Probes fail at 20 s and 40 s. isClosed waits 1 ms of the
+		// bubble's clock.
+		time.Sleep(40*time.Second - 10*time.Millisecond)
+		synctest.Wait()
+		if isClosed(held) {
+			t.Fatal("connection closed before the verdict")
+		}
+		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
+		if !isClosed(held) {
+			t.Fatal("connection of an upstream not ready at 40 s, first failed at 20 s, with a 10 s drain timeout: still open")
+		}
+	})
+}
+
 func TestEvictionCalledOff(t *testing.T) {
 	const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
 	for _, tt := range []struct {
@@ -963,14 +1018,15 @@ func TestEvictionCalledOff(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				// a is not ready at 40 s, so its connections would close
-				// at 100 s; the change takes effect by 80 s.
-				tp, held := evictionSetup(t, 60*time.Second)
+				// a's first probe fails at 20 s and it is not ready at
+				// 40 s, so its connections would close at 120 s; the
+				// change takes effect by 80 s.
+				tp, held := evictionSetup(t, 100*time.Second)
 				tp.checks.setUnready(a, true)
 				time.Sleep(40 * time.Second)
 				synctest.Wait()
 				tt.change(tp)
-				time.Sleep(70 * time.Second) // past 100 s
+				time.Sleep(90 * time.Second) // past 120 s
 				synctest.Wait()
 				if tp.pendingOf(&tp.upstream(a).evict) {
 					t.Error("eviction still pending after it was called off")
@@ -1122,7 +1178,11 @@ func TestPoolLogsAfterUnlocking(t *testing.T) {
 		tp, lines := newLogProbePool(cfg, a, b, c, d)
 		defer tp.close()
 		passed := checkResult{rtt: time.Millisecond, probed: true}
-		failed := checkResult{rtt: time.Millisecond, probed: true, notReady: errNotReady}
+		// A failed probe begins when it is reported: the closing it makes
+		// due then waits the drain timeout.
+		failed := func() checkResult {
+			return checkResult{rtt: time.Millisecond, probed: true, notReady: errNotReady, start: time.Now()}
+		}
 		unreachable := checkResult{err: errCheck}
 
 		tp.update([]string{a, b})
@@ -1131,14 +1191,14 @@ func TestPoolLogsAfterUnlocking(t *testing.T) {
 		tp.reportCheck(ub, passed)
 		tp.reportCheck(ua, unreachable) // suspect
 		tp.reportCheck(ua, unreachable) // unhealthy, not ready
-		tp.reportCheck(ua, failed)      // healthy, still not ready: closing a's connections is due
+		tp.reportCheck(ua, failed())    // healthy, still not ready: closing a's connections is due
 		time.Sleep(cfg.drainTimeout)    // the closing, from a deadline
 		synctest.Wait()
 		tp.reportCheck(ua, passed) // ready
-		tp.reportCheck(ua, failed)
-		tp.reportCheck(ua, failed)  // not ready: closing due again
-		tp.reportCheck(ua, passed)  // called off
-		tp.attachLockChecked(t, ua) // draining needs a connection
+		tp.reportCheck(ua, failed())
+		tp.reportCheck(ua, failed()) // not ready: closing due again
+		tp.reportCheck(ua, passed)   // called off
+		tp.attachLockChecked(t, ua)  // draining needs a connection
 		tp.update([]string{b})
 		tp.update([]string{a, b}) // re-added
 		tp.update([]string{b})
@@ -1211,6 +1271,8 @@ func TestSlowLogWriterDoesNotStallPool(t *testing.T) {
 func TestReadinessStep(t *testing.T) {
 	passed := checkResult{rtt: time.Millisecond, probed: true}
 	failed := checkResult{rtt: time.Millisecond, probed: true, notReady: errNotReady}
+	failedAt := failed
+	failedAt.start = time.Unix(1000, 0)
 	connected := checkResult{rtt: time.Millisecond} // a TCP check or client dial
 	unreachable := checkResult{err: errCheck}
 	tests := []struct {
@@ -1227,7 +1289,11 @@ func TestReadinessStep(t *testing.T) {
 			readiness{ready: true, known: true}, true},
 		{"one failed probe leaves a ready upstream ready", readiness{ready: true, known: true}, failed, true,
 			readiness{ready: true, known: true, streak: 1}, true},
+		{"the first failed probe starts the grace", readiness{ready: true, known: true}, failedAt, true,
+			readiness{ready: true, known: true, streak: 1, graceFrom: failedAt.start}, true},
 		{"the second failed probe in a row: not ready", readiness{ready: true, known: true, streak: 1}, failed, true,
+			readiness{known: true, streak: 2}, true},
+		{"the second failed probe keeps the grace's start", readiness{ready: true, known: true, streak: 1}, failedAt, true,
 			readiness{known: true, streak: 2}, true},
 		{"a failed first probe: not ready at once", readiness{pending: true}, failed, true,
 			readiness{known: true, streak: 1}, true},

@@ -16,6 +16,12 @@ import (
 	"strings"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
 	"github.com/extractedprism/extractedprism/e2e/controlplane"
 	"github.com/extractedprism/extractedprism/e2e/pki"
 	"github.com/extractedprism/extractedprism/e2e/proc"
@@ -28,10 +34,21 @@ type Mode struct {
 	// ProbeCert makes the readyz probe present a client certificate
 	// instead of relying on anonymous authentication.
 	ProbeCert bool
+	// Chart runs the daemon as the Helm chart does by default: readyz with
+	// random selection, a service-account token (a real one, from the
+	// TokenRequest API) as the probe's credential, and ChartSettings in
+	// place of the suite's timing.
+	Chart bool
 }
+
+// chartDefaults is the mode of the chart's default values.
+var chartDefaults = Mode{HealthCheck: "readyz", Selection: "random", Chart: true}
 
 // String is the mode as the result table shows it.
 func (m Mode) String() string {
+	if m.Chart {
+		return "chart-defaults"
+	}
 	s := m.HealthCheck + "/" + m.Selection
 	if m.ProbeCert {
 		s += "+cert"
@@ -48,6 +65,11 @@ type Settings struct {
 
 // DefaultSettings are the settings the assertions are stated for.
 var DefaultSettings = Settings{HealthInterval: 5 * time.Second, HealthTimeout: 2 * time.Second, DrainTimeout: 10 * time.Second}
+
+// ChartSettings are the chart's default timing (healthInterval,
+// healthTimeout and drainTimeout in charts/extractedprism/values.yaml,
+// which TestChartSettings holds them to).
+var ChartSettings = Settings{HealthInterval: 5 * time.Second, HealthTimeout: 2 * time.Second, DrainTimeout: 5 * time.Second}
 
 // ErrNotBuilt means the daemon refused the mode at start-up because this
 // build does not implement it yet.
@@ -71,6 +93,8 @@ type DaemonConfig struct {
 	// BindPort and HealthPort default to 7445 and 7446.
 	BindPort, HealthPort int
 	NoDiscovery          bool
+	// TokenFile is the readyz probe's bearer token (Mode.Chart).
+	TokenFile string
 }
 
 // BuildDaemon builds extractedprism from the module at src into dir and
@@ -128,6 +152,9 @@ func (c *Cluster) daemonArgs(cfg DaemonConfig) []string {
 		if cfg.Mode.ProbeCert {
 			args = append(args, "--health-check-cert-file", c.Probe.Cert, "--health-check-key-file", c.Probe.Key)
 		}
+		if cfg.TokenFile != "" {
+			args = append(args, "--health-check-token-file", cfg.TokenFile)
+		}
 	}
 	return args
 }
@@ -146,10 +173,47 @@ func (c *Cluster) daemonKubeconfig() string {
 	return path
 }
 
+// probeToken writes (once) the token the kubelet would mount into the
+// chart's pods: one for the ServiceAccount extractedprism in kube-system,
+// issued by the TokenRequest API and signed with the cluster's
+// service-account key, so the API servers authenticate it as that account.
+func (c *Cluster) probeToken(ctx context.Context) (string, error) {
+	path := filepath.Join(c.Dir, "probe.token")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	cs, err := c.DirectClient()
+	if err != nil {
+		return "", fmt.Errorf("probe token: %w", err)
+	}
+	sas := cs.CoreV1().ServiceAccounts("kube-system")
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "extractedprism"}}
+	if _, err := sas.Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("probe token: create ServiceAccount: %w", err)
+	}
+	// A day outlives any run; the kubelet would rotate it hourly.
+	tr := &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](24 * 3600)}}
+	tr, err = sas.CreateToken(ctx, sa.Name, tr, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("probe token: TokenRequest: %w", err)
+	}
+	if err := os.WriteFile(path, []byte(tr.Status.Token), 0o600); err != nil {
+		return "", fmt.Errorf("probe token: %w", err)
+	}
+	return path, nil
+}
+
 // StartDaemon starts extractedprism in w1 and waits until its health server
 // answers. It returns ErrNotBuilt (wrapping the daemon's message) when the
 // daemon refuses the mode at start-up.
 func (c *Cluster) StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
+	if cfg.Mode.Chart && cfg.TokenFile == "" {
+		path, err := c.probeToken(ctx)
+		if err != nil {
+			return nil, err
+		}
+		cfg.TokenFile = path
+	}
 	argv := append(c.W1.Command(), c.daemonArgs(cfg)...)
 	p, err := proc.Start("extractedprism", cfg.LogPath, argv, nil)
 	if err != nil {
@@ -217,6 +281,11 @@ func lastErrorLine(path string) string {
 func (c *Cluster) ProbeMode(ctx context.Context, binary string, mode Mode, logPath string) error {
 	cfg := DaemonConfig{Binary: binary, Mode: mode, Settings: DefaultSettings, Endpoints: []string{APIAddr("cp1")},
 		LogPath: logPath, BindPort: 17445, HealthPort: 17446, NoDiscovery: true}
+	if mode.Chart {
+		// The token is issued once the row has restored the cluster; a
+		// missing token file fails only probes, not the start.
+		cfg.TokenFile = filepath.Join(c.Dir, "probe-mode.token")
+	}
 	d, err := c.StartDaemon(ctx, cfg)
 	if err != nil {
 		return err

@@ -106,6 +106,17 @@ func (ss Samples) Value(name string, labels ...string) float64 {
 	return v
 }
 
+// Sum adds the values of every series with this name.
+func (ss Samples) Sum(name string) float64 {
+	var sum float64
+	for _, s := range ss {
+		if s.Name == name {
+			sum += s.Value
+		}
+	}
+	return sum
+}
+
 // SeriesFor lists the names of the metrics that have a series labelled
 // upstream=addr.
 func (ss Samples) SeriesFor(addr string) []string {

@@ -36,6 +36,20 @@ broken{a="x" 1
 	}
 }
 
+func TestSum(t *testing.T) {
+	s := ParseMetrics(`extractedprism_upstream_ready{upstream="192.0.2.11:6443"} 1
+extractedprism_upstream_ready{upstream="192.0.2.12:6443"} 0
+extractedprism_upstream_ready{upstream="192.0.2.13:6443"} 1
+extractedprism_upstreams_total 3
+`)
+	if got := s.Sum("extractedprism_upstream_ready"); got != 2 {
+		t.Errorf("Sum = %v; want 2", got)
+	}
+	if got := s.Sum("missing"); got != 0 {
+		t.Errorf("Sum of a missing metric = %v; want 0", got)
+	}
+}
+
 func TestHexAddr(t *testing.T) {
 	ip, port, ok := hexAddr("0B0200C0:192B")
 	if !ok || ip != "192.0.2.11" || port != 6443 {
@@ -56,8 +70,9 @@ func TestMeasureGapsAndRecovery(t *testing.T) {
 		writes: []WriteResult{
 			{Name: "a", Done: at(1)},
 			{Name: "b", Done: at(12)},
-			{Name: "c", Done: at(13), Err: "timeout"},
+			{Name: "c", Start: at(8), Done: at(13), Err: "timeout"},
 			{Name: "d", Done: at(14)},
+			{Name: "e", Start: at(16), Done: at(16.1), Err: "reset"},
 		},
 		watchers: []*Watcher{{ID: 0, seen: map[string]time.Time{"a": at(1.1), "b": at(22), "d": at(22)}}},
 	}
@@ -68,8 +83,8 @@ func TestMeasureGapsAndRecovery(t *testing.T) {
 	if m.Shorts.Max != 30*time.Millisecond {
 		t.Errorf("max latency %s; want 30ms (failed requests excluded)", m.Shorts.Max)
 	}
-	if m.Writes.Failed != 1 {
-		t.Errorf("writes failed %d; want 1", m.Writes.Failed)
+	if m.Writes.Failed != 2 || m.Writes.FailedLate != 1 {
+		t.Errorf("writes = %+v; want 2 failed, 1 late (started after 15 s)", m.Writes)
 	}
 	if g := m.Watchers[0].MaxGap; g != 10*time.Second {
 		t.Errorf("gap %s; want 10s (b written at 12 s, seen at 22 s)", g)

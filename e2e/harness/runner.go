@@ -32,7 +32,7 @@ var (
 
 // DefaultRows are the scenarios in priority order, each in tcp mode and in
 // readyz mode, with latency selection where the upstream set changes under
-// load. All API servers here are equally close, so latency selection is
+// load, and the faults once more as the chart runs the daemon by default. All API servers here are equally close, so latency selection is
 // expected to behave like random; its rows check that it does.
 func DefaultRows() []Row {
 	return []Row{
@@ -52,6 +52,9 @@ func DefaultRows() []Row {
 		{"blackhole", tcpLatency},
 		{"quorum", tcpRandom},
 		{"quorum", readyzRandomCert},
+		{"kill", chartDefaults},
+		{"blackhole", chartDefaults},
+		{"quorum", chartDefaults},
 		{"restart", tcpRandom},
 		{"restart", readyzRandom},
 	}
@@ -204,7 +207,13 @@ func (rr *rowRun) asserts(what string) {
 	rr.res.Asserted = append(rr.res.Asserted, what)
 }
 
-func (rr *rowRun) settings() Settings { return rr.r.Settings }
+// settings is the row's timing: the chart's for its mode, else the suite's.
+func (rr *rowRun) settings() Settings {
+	if rr.row.Mode.Chart {
+		return ChartSettings
+	}
+	return rr.r.Settings
+}
 
 // scenario is one kind of row.
 type scenario struct {
@@ -307,7 +316,8 @@ func (rr *rowRun) startDaemon(ctx context.Context, static []string) error {
 }
 
 // waitDaemonReady waits for /readyz 200, a Kubernetes discovery update and
-// three known upstreams.
+// three known upstreams, with readyz all three ready: a probe credential
+// the API servers refuse fails the row here.
 func (rr *rowRun) waitDaemonReady(timeout time.Duration) error {
 	var last string
 	ok := rr.waitFor(timeout, func() bool {
@@ -323,8 +333,12 @@ func (rr *rowRun) waitDaemonReady(timeout time.Duration) error {
 		}
 		updates := s.Value("extractedprism_discovery_updates_total", "provider", "kubernetes")
 		total := s.Value("extractedprism_upstreams_total")
-		last = fmt.Sprintf("kubernetes discovery updates %v, upstreams %v", updates, total)
-		return updates >= 1 && total == 3
+		ready := 3.0
+		if rr.row.Mode.HealthCheck == "readyz" {
+			ready = s.Sum(mReady)
+		}
+		last = fmt.Sprintf("kubernetes discovery updates %v, upstreams %v, ready %v", updates, total, ready)
+		return updates >= 1 && total == 3 && ready == 3
 	})
 	if !ok {
 		return fmt.Errorf("daemon not ready with discovery within %s (%s)\n%s", timeout, last, rr.d.proc.Tail(3000))

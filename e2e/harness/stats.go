@@ -35,6 +35,7 @@ type ShortStats struct {
 // WriteStats summarises the writer.
 type WriteStats struct {
 	Total, Failed int
+	FailedLate    int // of writes started after the grace, as for ShortStats
 	FirstErr      string
 }
 
@@ -53,7 +54,7 @@ type WatchStats struct {
 
 // Measure computes the statistics. fault is when the fault was injected
 // (zero for none); short-request failures that started after lateAfter
-// (when not zero) count as late.
+// (when not zero) count as late, and so do failed writes.
 func (w *Workload) Measure(fault, lateAfter, end time.Time) Measure {
 	shorts, writes := w.Snapshot()
 	m := Measure{Recovery: -1}
@@ -97,6 +98,9 @@ func (w *Workload) Measure(fault, lateAfter, end time.Time) Measure {
 		m.Writes.Failed++
 		if m.Writes.FirstErr == "" {
 			m.Writes.FirstErr = wr.Err
+		}
+		if !lateAfter.IsZero() && wr.Start.After(lateAfter) {
+			m.Writes.FailedLate++
 		}
 		if !fault.IsZero() && wr.Done.After(fault) {
 			lastBad = maxTime(lastBad, wr.Done)

@@ -57,9 +57,9 @@ type ShortResult struct {
 
 // WriteResult is one ConfigMap create.
 type WriteResult struct {
-	Name string
-	Done time.Time
-	Err  string
+	Name        string
+	Start, Done time.Time
+	Err         string
 }
 
 // Watcher is one long-lived watch client with its own HTTP/2 connection.
@@ -211,6 +211,7 @@ func (w *Workload) writeLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		name := fmt.Sprintf("w-%05d", i)
+		start := time.Now()
 		if err == nil {
 			cctx, cancel := context.WithTimeout(ctx, writeTimeout)
 			_, err = cs.CoreV1().ConfigMaps(w.namespace).Create(cctx, &corev1.ConfigMap{
@@ -222,7 +223,7 @@ func (w *Workload) writeLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		r := WriteResult{Name: name, Done: time.Now()}
+		r := WriteResult{Name: name, Start: start, Done: time.Now()}
 		if err != nil {
 			r.Err = err.Error()
 			cs, err = w.c.ProxyClient()
