@@ -423,8 +423,9 @@ type readiness struct {
 	streak                         int // failed probes in a row
 	// graceFrom is when the drain timeout before an unready upstream's
 	// connections are closed starts: when the first failed probe of the
-	// streak began, or when a connection reached it after its connections
-	// were closed (see connected).
+	// streak began, when a connection reached it after its connections
+	// were closed (see connected), or, zero, when the closing comes due
+	// after no upstream was ready (see updateEvictionsLocked).
 	graceFrom time.Time
 }
 
@@ -577,6 +578,13 @@ func (p *pool) updateEvictionsLocked(all []*upstream, ready int) {
 				p.note(u, slog.LevelInfo, "closing of connections called off")
 			}
 			u.evicted = false
+			if ready == 0 {
+				// Nowhere to move them: the grace begins when an
+				// upstream is ready again, so the first to recover
+				// from a cluster-wide outage does not get every
+				// other upstream's connections at once.
+				u.rd.graceFrom = time.Time{}
+			}
 		case u.evict.pending() || u.evicted:
 		default:
 			p.startEvictionLocked(u)
@@ -591,6 +599,9 @@ func (p *pool) updateEvictionsLocked(all []*upstream, ready int) {
 // its watchers that much longer without events. The grace is for requests
 // already running, which have had it since the first failure.
 func (p *pool) startEvictionLocked(u *upstream) {
+	if u.rd.graceFrom.IsZero() {
+		u.rd.graceFrom = time.Now()
+	}
 	delay := p.cfg.drainTimeout - time.Since(u.rd.graceFrom)
 	if p.cfg.drainTimeout == 0 || delay <= 0 {
 		p.evictLocked(u)

@@ -1007,6 +1007,31 @@ func TestEvictionAtVerdictWhenGraceSpent(t *testing.T) {
 	})
 }
 
+// After a cluster-wide outage, the first upstream ready again does not get
+// every other upstream's connections at once: their grace begins when it
+// is ready, not at their first failed probe long before.
+func TestEvictionGraceAfterNoneReady(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tp, held := evictionSetup(t, 30*time.Second)
+		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
+		tp.checks.setUnready(a, true)
+		tp.checks.setUnready(b, true)
+		time.Sleep(50 * time.Second) // both not ready at 40 s
+		synctest.Wait()
+		tp.checks.setUnready(b, false)
+		time.Sleep(11 * time.Second) // b ready at 60 s
+		synctest.Wait()
+		if !tp.rd(b).ready || isClosed(held) {
+			t.Fatalf("b ready again at 60 s: ready %v, a's connection closed %v; want ready, open until 90 s", tp.rd(b).ready, isClosed(held))
+		}
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		if !isClosed(held) {
+			t.Fatal("a's connection still open a drain timeout after b turned ready")
+		}
+	})
+}
+
 func TestEvictionCalledOff(t *testing.T) {
 	const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
 	for _, tt := range []struct {
