@@ -69,7 +69,7 @@ var DefaultSettings = Settings{HealthInterval: 5 * time.Second, HealthTimeout: 2
 // ChartSettings are the chart's default timing (healthInterval,
 // healthTimeout and drainTimeout in charts/extractedprism/values.yaml,
 // which TestChartSettings holds them to).
-var ChartSettings = Settings{HealthInterval: 5 * time.Second, HealthTimeout: 2 * time.Second, DrainTimeout: 5 * time.Second}
+var ChartSettings = Settings{HealthInterval: 5 * time.Second, HealthTimeout: 2 * time.Second, DrainTimeout: 4 * time.Second}
 
 // ErrNotBuilt means the daemon refused the mode at start-up because this
 // build does not implement it yet.

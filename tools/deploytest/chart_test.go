@@ -103,7 +103,7 @@ func templateCases(appVersion string) []templateCase {
 					"EP_LOG_LEVEL":          "info",
 					"EP_LIVENESS_INTERVAL":  "5s",
 					"EP_LIVENESS_THRESHOLD": "15s",
-					"EP_DRAIN_TIMEOUT":      "5s",
+					"EP_DRAIN_TIMEOUT":      "4s",
 					"EP_UPSTREAM_SELECTION": "random",
 					// readyz with the pod's own token and the cluster CA,
 					// both from the service-account volume.
