@@ -27,6 +27,8 @@ func (r Report) Markdown() string {
 		r.Started.UTC().Format("2006-01-02 15:04 MST"), r.Elapsed.Round(time.Second), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH)
 	fmt.Fprintf(&b, "- Daemon: %s; `--health-interval %s --health-timeout %s --drain-timeout %s`, discovery on through `--kubeconfig`\n",
 		r.Daemon, r.Settings.HealthInterval, r.Settings.HealthTimeout, r.Settings.DrainTimeout)
+	fmt.Fprintf(&b, "- chart-defaults rows: the chart's defaults instead, `--health-check readyz --upstream-selection random --health-interval %s --health-timeout %s --drain-timeout %s`, the probe with a service-account token from the TokenRequest API\n",
+		ChartSettings.HealthInterval, ChartSettings.HealthTimeout, ChartSettings.DrainTimeout)
 	fmt.Fprintf(&b, "- Control plane: kube-apiserver and etcd %s built from source, 3 etcd members, one API server per node on its local member, EndpointSlice watch cache off\n", controlplane.KubernetesVersion)
 	fmt.Fprintf(&b, "- Workload in w1 through 127.0.0.1:7445: GET /version on a fresh TLS connection every %s (timeout %s), 3 HTTP/2 ConfigMap watchers, one ConfigMap create every %s (timeout %s, new connection after a failure)\n",
 		shortEvery, shortTimeout, writeEvery, writeTimeout)

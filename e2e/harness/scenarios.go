@@ -369,8 +369,11 @@ func actKill(rr *rowRun) error {
 	rr.lateAfter = rr.fault.Add(rr.failoverGrace())
 	if rr.row.Mode.Chart {
 		// A killed API server refuses connections: only what was in
-		// flight to it at the kill may fail.
-		rr.lateAfter = rr.fault
+		// flight to it as the kill landed may fail. The second covers
+		// the kill's delivery and the resets reaching the clients (a
+		// write sent 37 ms after the signal on the writer's connection
+		// to it was reset in a CI run).
+		rr.lateAfter = rr.fault.Add(time.Second)
 	}
 	if err := rr.r.C.KillAPIServer(v); err != nil {
 		return err
@@ -430,8 +433,8 @@ func checkFailover(rr *rowRun, m Measure) {
 	}
 }
 
-// checkKill with the chart's defaults allows no grace (see actKill), for
-// writes too: every request started after the kill finds another upstream.
+// checkKill with the chart's defaults allows a grace of 1 s (see actKill),
+// for writes too: every request started after it finds another upstream.
 // A request in flight to the killed server is reset with it, as behind any
 // TCP balancer.
 func checkKill(rr *rowRun, m Measure) {
@@ -439,7 +442,7 @@ func checkKill(rr *rowRun, m Measure) {
 	if !rr.row.Mode.Chart {
 		return
 	}
-	rr.asserts("no write started after the fault fails")
+	rr.asserts("no write started more than 1 s after the fault fails")
 	if m.Writes.FailedLate > 0 {
 		rr.fail("%d writes started after the fault failed (first: %s)", m.Writes.FailedLate, m.Writes.FirstErr)
 	}
