@@ -608,7 +608,7 @@ func (p *pool) startEvictionLocked(u *upstream) {
 		return
 	}
 	p.note(u, slog.LevelInfo, "upstream not ready while another is: closing its connections after the drain timeout",
-		"connections", len(u.conns), "timeout", p.cfg.drainTimeout, "from_first_failed_probe", true, "in", delay.Round(time.Millisecond))
+		"connections", len(u.conns), "timeout", p.cfg.drainTimeout, "in", delay.Round(time.Millisecond))
 	p.arm(&u.evict, delay, func() { p.evictLocked(u) })
 }
 

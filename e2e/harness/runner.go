@@ -32,7 +32,8 @@ var (
 
 // DefaultRows are the scenarios in priority order, each in tcp mode and in
 // readyz mode, with latency selection where the upstream set changes under
-// load, and the faults once more as the chart runs the daemon by default. All API servers here are equally close, so latency selection is
+// load, and the faults once more as the chart runs the daemon by default.
+// All API servers here are equally close, so latency selection is
 // expected to behave like random; its rows check that it does.
 func DefaultRows() []Row {
 	return []Row{
