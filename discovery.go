@@ -61,7 +61,9 @@ const (
 // endpoints, the endpoint cache until the kubernetes provider has published
 // (the cache stands in for discovery until discovery answers), and the
 // lists of the providers it runs. It counts discovery_updates_total for
-// every list, and owns discovery_running for the providers it runs.
+// every list, and sets discovery_running as the providers it runs start and
+// end (the kubernetes provider also clears it while its credentials fail:
+// kubeWatcher.running).
 type mergedProvider struct {
 	log       *slog.Logger
 	m         *metrics
@@ -198,18 +200,30 @@ type kubeProviderConfig struct {
 // to the daemon's own listener rather than the kubernetes.default.svc
 // ClusterIP: the ClusterIP needs the CNI plugin, which may itself need this
 // daemon to reach the API server, and the listener fails over across every
-// known API server. It returns an error wrapping errNoKubeCredentials when
-// there are no credentials to connect with.
+// known API server. Its only error wraps errNoKubeCredentials: there are no
+// credentials to connect with. Credentials that are named but do not load
+// (yet) are retried by the provider (kubeWatcher.awaitClient).
 func newKubernetesProvider(cfg kubeProviderConfig, log *slog.Logger, m *metrics) (provider, error) {
-	restConfig, err := kubeRESTConfig(cfg, defaultServiceAccountDir)
-	if err != nil {
+	connect := func() (sliceClient, error) {
+		restConfig, err := kubeRESTConfig(cfg, defaultServiceAccountDir)
+		if err != nil {
+			return nil, err
+		}
+		client, err := newRESTSliceClient(restConfig)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes client: %w", err)
+		}
+		return client, nil
+	}
+	client, err := connect()
+	if errors.Is(err, errNoKubeCredentials) {
 		return nil, err
 	}
-	client, err := newRESTSliceClient(restConfig)
+	w := newKubeWatcher(client, log, m, rand.Float64)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+		w.connect = connect
 	}
-	return newKubeWatcher(client, log, m, rand.Float64), nil
+	return w, nil
 }
 
 // sliceClient lists and watches discovery/v1 EndpointSlices: all the
@@ -454,10 +468,18 @@ type watchResult struct {
 // routine expiry, nor for a stream ending. It does not count updates; the
 // merged provider does (see mergedProvider).
 type kubeWatcher struct {
-	client sliceClient
-	log    *slog.Logger
-	errors prometheus.Counter
-	rand   func() float64 // jitter source in [0, 1)
+	client sliceClient // nil until connect succeeds
+	// connect builds the client when the credentials did not load at
+	// start; run retries it (awaitClient).
+	connect func() (sliceClient, error)
+	log     *slog.Logger
+	errors  prometheus.Counter
+	// running is discovery_running{provider="kubernetes"}. The merged
+	// provider sets it when run starts and ends; run clears it while the
+	// credentials do not load or the API server refuses them, and sets it
+	// again on the next call that succeeds.
+	running prometheus.Gauge
+	rand    func() float64 // jitter source in [0, 1)
 
 	// The fields below belong to the goroutine calling run; run must not
 	// be called concurrently.
@@ -474,7 +496,8 @@ type kubeWatcher struct {
 // given; the caller names the component. jitter returns a value in [0, 1);
 // it spreads the backoff delays and watch timeouts.
 func newKubeWatcher(client sliceClient, log *slog.Logger, m *metrics, jitter func() float64) *kubeWatcher {
-	return &kubeWatcher{client: client, log: log, errors: m.discoveryErrors.WithLabelValues(kubeProviderName), rand: jitter}
+	return &kubeWatcher{client: client, log: log, errors: m.discoveryErrors.WithLabelValues(kubeProviderName),
+		running: m.discoveryRunning.WithLabelValues(kubeProviderName), rand: jitter}
 }
 
 func (w *kubeWatcher) name() string { return kubeProviderName }
@@ -486,7 +509,7 @@ func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 	w.publishFn = publish
 	w.cache, w.resourceVersion, w.sent = nil, "", nil
 	w.backoff = watchBackoff{rand: w.rand}
-	if !w.listUntilDone(ctx) {
+	if !w.awaitClient(ctx) || !w.listUntilDone(ctx) {
 		return nil
 	}
 	// rewatch marks the attempt that re-opens a long watch which closed
@@ -501,7 +524,7 @@ func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 		switch res.end {
 		case endError:
 			w.errors.Inc()
-			w.log.Warn("endpointslice watch failed", "err", res.err, "open", res.open)
+			w.logFailure("endpointslice watch failed", res.err, "open", res.open)
 		case endGone:
 			w.log.Info("endpointslice resource version expired, re-listing", "err", res.err, "open", res.open)
 		case endClosed:
@@ -529,6 +552,50 @@ func (w *kubeWatcher) backOff(ctx context.Context) bool {
 	return await(ctx.Done(), d)
 }
 
+// awaitClient builds the client if the credentials did not load at start,
+// retrying with the backoff until they do. On a node that is joining the
+// cluster, the kubelet writes its kubeconfig and client certificate only
+// after its static pods, this daemon among them, have started. It returns
+// false once ctx is done.
+func (w *kubeWatcher) awaitClient(ctx context.Context) bool {
+	for w.client == nil {
+		client, err := w.connect()
+		if err == nil {
+			w.client = client
+			w.backoff.reset()
+			w.log.Info("kubernetes credentials loaded")
+			break
+		}
+		w.errors.Inc()
+		w.running.Set(0)
+		d := w.backoff.delay()
+		w.log.Error("kubernetes credentials do not load, retrying", "err", err, "retry_in", d)
+		if !await(ctx.Done(), d) {
+			return false
+		}
+	}
+	return true
+}
+
+// logFailure logs a failed List or Watch. One the API server refused (401,
+// 403) will fail until someone changes the credentials or the RBAC, so it
+// is an error and clears discovery_running, which the
+// ExtractedprismDiscoveryNotRunning alert watches; the daemon goes on with
+// the static and cached endpoints meanwhile.
+func (w *kubeWatcher) logFailure(msg string, err error, attrs ...any) {
+	attrs = append(attrs, "err", err)
+	switch {
+	case apierrors.IsForbidden(err):
+		w.running.Set(0)
+		w.log.Error(msg, append(attrs, "hint", "these credentials may not list and watch endpointslices in default (deploy/node-discovery-rbac.yaml grants it to nodes)")...)
+	case apierrors.IsUnauthorized(err):
+		w.running.Set(0)
+		w.log.Error(msg, append(attrs, "hint", "the API server does not accept these credentials (expired, or not signed by its client CA)")...)
+	default:
+		w.log.Warn(msg, attrs...)
+	}
+}
+
 // listUntilDone lists the slices, retrying with the backoff until a List
 // succeeds, then publishes the endpoints if they changed. It returns false
 // once ctx is done.
@@ -539,11 +606,12 @@ func (w *kubeWatcher) listUntilDone(ctx context.Context) bool {
 		}
 		w.errors.Inc()
 		d := w.backoff.delay()
-		w.log.Warn("endpointslice list failed", "err", err, "retry_in", d)
+		w.logFailure("endpointslice list failed", err, "retry_in", d)
 		if !await(ctx.Done(), d) {
 			return false
 		}
 	}
+	w.running.Set(1)
 	w.publish()
 	return true
 }
@@ -580,6 +648,7 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) watchResult {
 		return failedWatch(err, 0)
 	}
 	defer watcher.Stop()
+	w.running.Set(1)
 	opened := time.Now()
 	level := slog.LevelInfo
 	if routine {

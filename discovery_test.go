@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -239,10 +241,12 @@ var errTestOver = errors.New("test over")
 
 type kubeHarness struct {
 	t       *testing.T
+	reg     *prometheus.Registry
 	m       *metrics
 	out     chan []string
 	lists   chan listCall
 	watches chan watchCall
+	logs    *syncBuffer
 }
 
 // startKube runs a kubernetes provider with a fake clientset and jitter
@@ -250,12 +254,22 @@ type kubeHarness struct {
 // stopped and awaited when the test ends, and must have returned nil.
 func startKube(t *testing.T, jitter float64) *kubeHarness {
 	t.Helper()
+	return startKubeWith(t, jitter, nil)
+}
+
+// startKubeWith is startKube with setup applied to the provider before it
+// runs; its log lines also go to h.logs.
+func startKubeWith(t *testing.T, jitter float64, setup func(w *kubeWatcher)) *kubeHarness {
+	t.Helper()
+	reg := prometheus.NewRegistry()
 	h := &kubeHarness{
 		t:       t,
-		m:       newMetrics(prometheus.NewRegistry()),
+		reg:     reg,
+		m:       newMetrics(reg),
 		out:     make(chan []string, 100),
 		lists:   make(chan listCall),
 		watches: make(chan watchCall),
+		logs:    &syncBuffer{},
 	}
 	over := make(chan struct{})
 	client := fake.NewClientset()
@@ -277,7 +291,11 @@ func startKube(t *testing.T, jitter float64) *kubeHarness {
 		return true, r.watcher, r.err
 	})
 
-	w := newKubeWatcher(fakeSlices{client}, testLogger(t), h.m, func() float64 { return jitter })
+	log := slog.New(slog.NewJSONHandler(io.MultiWriter(t.Output(), h.logs), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	w := newKubeWatcher(fakeSlices{client}, log, h.m, func() float64 { return jitter })
+	if setup != nil {
+		setup(w)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.run(ctx, func(l []string) { h.out <- l }) }()
@@ -354,6 +372,10 @@ func (h *kubeHarness) expectNoOut() {
 
 func (h *kubeHarness) errorsTotal() float64 {
 	return testutil.ToFloat64(h.m.discoveryErrors.WithLabelValues(kubeProviderName))
+}
+
+func (h *kubeHarness) running() float64 {
+	return testutil.ToFloat64(h.m.discoveryRunning.WithLabelValues(kubeProviderName))
 }
 
 // start answers the initial List with one slice and consumes its list.
@@ -586,6 +608,105 @@ func TestKubeInitialListRetried(t *testing.T) {
 			t.Errorf("discovery_errors_total: got %v; want %v", got, want)
 		}
 	})
+}
+
+// TestKubeCredentialsRetried: credentials that do not load at start (a
+// joining node's kubelet writes its kubeconfig after this daemon starts)
+// are retried with the backoff, discovery_running 0 and each failure
+// counted and logged as an error, until they load; then the provider lists
+// as usual, from a fresh backoff.
+func TestKubeCredentialsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var attempts []time.Time
+		h := startKubeWith(t, 0, func(w *kubeWatcher) {
+			client := w.client
+			w.client = nil
+			w.connect = func() (sliceClient, error) {
+				attempts = append(attempts, time.Now())
+				if len(attempts) < 4 {
+					return nil, errors.New("open /etc/kubernetes/kubelet.conf: no such file or directory")
+				}
+				return client, nil
+			}
+		})
+		time.Sleep(6 * time.Second) // attempts at 0, 1 s, 3 s
+		synctest.Wait()
+		if len(attempts) != 3 {
+			t.Fatalf("attempts after 6 s: %d; want 3 (at 0, 1 s, 3 s)", len(attempts))
+		}
+		if got := h.running(); got != 0 {
+			t.Errorf("discovery_running while the credentials do not load: %v; want 0", got)
+		}
+		if got := h.errorsTotal(); got != 3 {
+			t.Errorf("discovery_errors_total: %v; want 3", got)
+		}
+		if want := `"level":"ERROR","msg":"kubernetes credentials do not load, retrying"`; !strings.Contains(h.logs.String(), want) {
+			t.Errorf("log: %s; want %s", h.logs.String(), want)
+		}
+		first := h.failList(errUnavailable) // the fourth attempt, at 7 s, loaded
+		if got, want := first.at.Sub(attempts[0]), 7*time.Second; got != want {
+			t.Errorf("first List at %v; want %v", got, want)
+		}
+		ok := h.answerList("1", kubeSlice("a", "1", "10.0.0.1"))
+		if got, want := ok.at.Sub(first.at), time.Second; got != want {
+			t.Errorf("List retry after the credentials loaded: %v; want %v (a fresh backoff)", got, want)
+		}
+		h.expectOut("10.0.0.1:6443")
+		if got := h.running(); got != 1 {
+			t.Errorf("discovery_running after a List: %v; want 1", got)
+		}
+	})
+}
+
+// TestKubeRefusedCredentials: a 403 or 401 will fail until someone changes
+// the RBAC or the credentials, so it clears discovery_running and is
+// logged as an error with a hint; other failures are warnings and leave it
+// alone. The next call that succeeds sets it again.
+func TestKubeRefusedCredentials(t *testing.T) {
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "",
+		errors.New(`User "system:node:w1" cannot list resource "endpointslices" in API group "discovery.k8s.io" in the namespace "default"`))
+	tests := []struct {
+		name, hint string
+		err        error
+	}{
+		{"403", "deploy/node-discovery-rbac.yaml", forbidden},
+		{"401", "does not accept these credentials", apierrors.NewUnauthorized("Unauthorized")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				h := startKube(t, 0)
+				h.failList(tc.err)
+				synctest.Wait()
+				if got := h.running(); got != 0 {
+					t.Errorf("discovery_running after a refused List: %v; want 0", got)
+				}
+				if logs := h.logs.String(); !strings.Contains(logs, `"level":"ERROR","msg":"endpointslice list failed"`) || !strings.Contains(logs, tc.hint) {
+					t.Errorf("log: %s; want an error naming %q", logs, tc.hint)
+				}
+				h.failList(errUnavailable)
+				synctest.Wait()
+				if got := h.running(); got != 0 {
+					t.Errorf("discovery_running after a 503 following it: %v; want still 0", got)
+				}
+				h.answerList("1", kubeSlice("a", "1", "10.0.0.1"))
+				h.expectOut("10.0.0.1:6443")
+				if got := h.running(); got != 1 {
+					t.Errorf("discovery_running after a List: %v; want 1", got)
+				}
+				h.failWatch(tc.err)
+				synctest.Wait()
+				if got := h.running(); got != 0 {
+					t.Errorf("discovery_running after a refused Watch: %v; want 0", got)
+				}
+				h.openWatch()
+				synctest.Wait()
+				if got := h.running(); got != 1 {
+					t.Errorf("discovery_running with a watch open: %v; want 1", got)
+				}
+			})
+		})
+	}
 }
 
 func TestKubeRelistFailureRetried(t *testing.T) {

@@ -234,11 +234,7 @@ func (d *daemon) newDiscovery(m *metrics) *mergedProvider {
 		// Asked for but off: the metrics say so from the first scrape
 		// (ExtractedprismDiscoveryNotRunning); a log line is easy to miss.
 		m.discoveryNotStarted(kubeProviderName)
-		if errors.Is(err, errNoKubeCredentials) {
-			d.log.Warn("kubernetes discovery off, serving static endpoints only", "err", err)
-		} else { // credentials were there, or named with --kubeconfig, and failed
-			d.log.Error("kubernetes discovery off, serving static endpoints only", "err", err)
-		}
+		d.log.Warn("kubernetes discovery off, serving static endpoints only", "err", err)
 		return newMergedProvider(log, m, d.cfg.Endpoints, nil)
 	}
 	var cached []string

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -11,7 +13,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -380,32 +384,6 @@ current-context: x
 	return path
 }
 
-// discoveryStartFailure is a configuration with --enable-discovery under
-// which the kubernetes provider cannot start.
-type discoveryStartFailure struct {
-	name       string
-	kubeconfig string
-}
-
-// discoveryStartFailures are the ways the kubernetes provider can fail to
-// start: no credentials at all (only where this machine has no
-// service-account files), a --kubeconfig that does not load, and one that
-// loads but yields no client.
-func discoveryStartFailures(t *testing.T) []discoveryStartFailure {
-	t.Helper()
-	badCA := writeKubeconfig(t, "certificate-authority-data: bm90IGEgY2VydGlmaWNhdGU=")
-	failures := []discoveryStartFailure{
-		{"kubeconfig does not load", "/nonexistent/kubeconfig"},
-		{"kubeconfig CA is not PEM", badCA},
-	}
-	if _, err := os.Stat(defaultServiceAccountDir); errors.Is(err, fs.ErrNotExist) {
-		failures = append(failures, discoveryStartFailure{"no credentials", ""})
-	} else {
-		t.Logf("%s exists here: the no-credentials case is not tested", defaultServiceAccountDir)
-	}
-	return failures
-}
-
 // seriesValue returns the value of the one series of the metric name
 // gathered from g with the labels given (and any others), and whether there
 // is one.
@@ -422,50 +400,43 @@ func seriesValue(t *testing.T, g prometheus.Gatherer, name string, labels map[st
 	return 0, false
 }
 
-// TestNewDiscoveryWhenKubernetesCannotStart: with --enable-discovery and a
-// kubernetes provider that cannot start, the static endpoints serve alone,
-// logged as an error, or a warning where there are no credentials at all;
-// the kubernetes series exist from the start: running 0, one error,
-// updates 0. The endpoint cache is not used, as nothing would ever replace
-// its list. Without --enable-discovery there are no kubernetes series.
-func TestNewDiscoveryWhenKubernetesCannotStart(t *testing.T) {
+// TestNewDiscoveryWithoutCredentials: with --enable-discovery and neither a
+// kubeconfig nor service-account files, the static endpoints serve alone,
+// with a warning; the kubernetes series exist from the start: running 0,
+// one error, updates 0. The endpoint cache is not used, as nothing would
+// ever replace its list. Without --enable-discovery there are no
+// kubernetes series. A named kubeconfig is another matter: see
+// TestNewDiscoveryRetriesKubeconfig.
+func TestNewDiscoveryWithoutCredentials(t *testing.T) {
 	kube := map[string]string{labelProvider: kubeProviderName}
-	static := []string{"10.0.0.1:6443"}
-	cachePath := t.TempDir() + "/endpoints.json"
-	if err := (&endpointCache{path: cachePath}).store([]string{"10.0.0.9:6443"}); err != nil {
-		t.Fatal(err)
-	}
 	newDiscovery := func(t *testing.T, cfg *config) (*daemon, *prometheus.Registry, *syncBuffer) {
 		reg, logs := prometheus.NewRegistry(), &syncBuffer{}
-		cfg.Endpoints, cfg.EndpointCacheFile = static, cachePath
+		cfg.Endpoints, cfg.EndpointCacheFile = []string{"10.0.0.1:6443"}, cacheListing9(t)
 		d := &daemon{cfg: cfg, log: newLogger(slog.LevelDebug, logs), listen: "127.0.0.1:7445"}
 		d.discovery = d.newDiscovery(newMetrics(reg))
 		if len(d.discovery.providers) != 0 || d.cache != nil {
 			t.Errorf("providers %d, cache %v; want neither, the static endpoints alone", len(d.discovery.providers), d.cache)
 		}
-		if got := d.discovery.endpoints(); !slices.Equal(got, static) {
-			t.Errorf("endpoints: got %v; want the static %v", got, static)
+		if got := d.discovery.endpoints(); !slices.Equal(got, cfg.Endpoints) {
+			t.Errorf("endpoints: got %v; want the static %v", got, cfg.Endpoints)
 		}
 		return d, reg, logs
 	}
-	for _, tt := range discoveryStartFailures(t) {
-		t.Run(tt.name, func(t *testing.T) {
-			_, reg, logs := newDiscovery(t, &config{EnableDiscovery: true, Kubeconfig: tt.kubeconfig})
-			level := "ERROR"
-			if tt.kubeconfig == "" {
-				level = "WARN"
+	t.Run("no credentials", func(t *testing.T) {
+		if _, err := os.Stat(defaultServiceAccountDir); !errors.Is(err, fs.ErrNotExist) {
+			t.Skipf("%s exists here", defaultServiceAccountDir)
+		}
+		_, reg, logs := newDiscovery(t, &config{EnableDiscovery: true})
+		if want := `"level":"WARN","msg":"kubernetes discovery off, serving static endpoints only"`; !strings.Contains(logs.String(), want) {
+			t.Errorf("log: got %s; want %s", logs.String(), want)
+		}
+		for name, want := range map[string]float64{"extractedprism_discovery_running": 0,
+			"extractedprism_discovery_errors_total": 1, "extractedprism_discovery_updates_total": 0} {
+			if got, ok := seriesValue(t, reg, name, kube); !ok || got != want {
+				t.Errorf("%s{provider=\"kubernetes\"}: got %v (exists %v); want %v", name, got, ok, want)
 			}
-			if want := `"level":"` + level + `","msg":"kubernetes discovery off, serving static endpoints only"`; !strings.Contains(logs.String(), want) {
-				t.Errorf("log: got %s; want %s", logs.String(), want)
-			}
-			for name, want := range map[string]float64{"extractedprism_discovery_running": 0,
-				"extractedprism_discovery_errors_total": 1, "extractedprism_discovery_updates_total": 0} {
-				if got, ok := seriesValue(t, reg, name, kube); !ok || got != want {
-					t.Errorf("%s{provider=\"kubernetes\"}: got %v (exists %v); want %v", name, got, ok, want)
-				}
-			}
-		})
-	}
+		}
+	})
 	t.Run("discovery disabled", func(t *testing.T) {
 		_, reg, _ := newDiscovery(t, &config{Kubeconfig: "/nonexistent/kubeconfig"})
 		for _, name := range []string{"extractedprism_discovery_running", "extractedprism_discovery_errors_total", "extractedprism_discovery_updates_total"} {
@@ -476,23 +447,103 @@ func TestNewDiscoveryWhenKubernetesCannotStart(t *testing.T) {
 	})
 }
 
+// cacheListing9 writes an endpoint cache listing 10.0.0.9:6443.
+func cacheListing9(t *testing.T) string {
+	t.Helper()
+	path := t.TempDir() + "/endpoints.json"
+	if err := (&endpointCache{path: path}).store([]string{"10.0.0.9:6443"}); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestNewDiscoveryRetriesKubeconfig: a --kubeconfig that does not load
+// (not there yet, or broken) does not turn discovery off: the kubernetes
+// provider runs and retries it, and the endpoint cache stands in until it
+// answers.
+func TestNewDiscoveryRetriesKubeconfig(t *testing.T) {
+	for name, kubeconfig := range map[string]string{
+		"kubeconfig does not load": "/nonexistent/kubeconfig",
+		"kubeconfig CA is not PEM": writeKubeconfig(t, "certificate-authority-data: bm90IGEgY2VydGlmaWNhdGU="),
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := &config{EnableDiscovery: true, Kubeconfig: kubeconfig, Endpoints: []string{"10.0.0.1:6443"}, EndpointCacheFile: cacheListing9(t)}
+			d := &daemon{cfg: cfg, log: newLogger(slog.LevelDebug, &syncBuffer{}), listen: "127.0.0.1:7445"}
+			d.discovery = d.newDiscovery(newMetrics(prometheus.NewRegistry()))
+			if len(d.discovery.providers) != 1 || d.cache == nil {
+				t.Errorf("providers %d, cache %v; want the kubernetes provider and the cache", len(d.discovery.providers), d.cache)
+			}
+			if got, want := d.discovery.endpoints(), []string{"10.0.0.1:6443", "10.0.0.9:6443"}; !slices.Equal(got, want) {
+				t.Errorf("endpoints: got %v; want %v, the static and the cached", got, want)
+			}
+		})
+	}
+}
+
 func (d *runningDaemon) metricsMissing(want ...string) []string {
 	_, body := httpGet(d.healthBase + "/metrics")
 	lines := strings.Split(body, "\n")
 	return slices.DeleteFunc(want, func(l string) bool { return slices.Contains(lines, l) })
 }
 
-// A daemon whose kubernetes provider cannot start keeps serving and
-// exports discovery_running 0 from the first scrape.
-func TestRunReportsWhetherDiscoveryRuns(t *testing.T) {
-	a := startUpstream(t, echo)
-	d := startDaemon(t, nil, "--endpoints", a.addr, "--enable-discovery=true", "--kubeconfig", "/nonexistent/kubeconfig")
-	d.echoThrough(t, "static endpoints serve")
-	if m := d.metricsMissing(`extractedprism_discovery_running{provider="kubernetes"} 0`,
-		`extractedprism_discovery_errors_total{provider="kubernetes"} 1`,
-		`extractedprism_discovery_updates_total{provider="kubernetes"} 0`); len(m) > 0 {
+// TestRunWaitsForKubeconfig: a --kubeconfig that is not there yet, as on a
+// joining node before the kubelet's TLS bootstrap ends, is retried. The
+// static endpoint serves meanwhile, with discovery_running 0 and an error
+// logged; once the file appears, discovery lists through the daemon's own
+// listener and follows the API server's EndpointSlice.
+func TestRunWaitsForKubeconfig(t *testing.T) {
+	other := startUpstream(t, echo)
+	api := sliceServer(t, other.addr)
+	path := filepath.Join(t.TempDir(), "kubelet.conf")
+	d := startDaemon(t, nil, "--endpoints", api.Listener.Addr().String(), "--enable-discovery=true", "--kubeconfig", path)
+	d.waitForLog(t, `"level":"ERROR","msg":"kubernetes credentials do not load, retrying"`)
+	waitFor(t, "discovery_running 0", func() bool {
+		return len(d.metricsMissing(`extractedprism_discovery_running{provider="kubernetes"} 0`)) == 0
+	})
+	ca := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: api.Certificate().Raw}))
+	writeFile(t, path, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://192.0.2.1:6443", certificate-authority-data: `+ca+`, tls-server-name: example.com}}]
+users: [{name: u, user: {token: node-token}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`)
+	waitFor(t, "discovery to list "+other.addr, func() bool {
+		_, body := httpGet(d.healthBase + "/upstreams")
+		var all []upstreamStatus
+		_ = json.Unmarshal([]byte(body), &all)
+		return slices.ContainsFunc(all, func(u upstreamStatus) bool {
+			return u.Address == other.addr && slices.Equal(u.Sources, []string{kubeProviderName})
+		})
+	})
+	d.waitForLog(t, `"msg":"kubernetes credentials loaded"`)
+	if m := d.metricsMissing(`extractedprism_discovery_running{provider="kubernetes"} 1`); len(m) > 0 {
 		t.Errorf("/metrics lacks the lines %q", m)
 	}
+}
+
+// sliceServer is an API server that lists one EndpointSlice of the
+// kubernetes Service, naming addr, and holds every watch open until the
+// client goes.
+func sliceServer(t *testing.T, addr string) *httptest.Server {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	list := `{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","metadata":{"resourceVersion":"7"},
+"items":[{"metadata":{"name":"kubernetes","namespace":"default"},"addressType":"IPv4",
+"endpoints":[{"addresses":["` + host + `"],"conditions":{"ready":true}}],"ports":[{"name":"https","port":` + port + `}]}]}`
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") == "true" {
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+			return
+		}
+		_, _ = io.WriteString(w, list)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	return srv
 }
 
 // A corrupt endpoint cache, or a FIFO no one writes, is logged and ignored:

@@ -123,7 +123,7 @@ func (m *metrics) addBeyondSpec() {
 	m.idleConnsClosed.WithLabelValues(reasonLimit)
 	m.idleConnsClosed.WithLabelValues(reasonTimeout)
 	m.discoveryRunning = gaugeVec("discovery_running",
-		"1 while the discovery provider runs; 0 once it is enabled but could not start, or stopped before shutdown. The kubernetes series exists only with --enable-discovery.", labelProvider)
+		"1 while the discovery provider runs; 0 once it is enabled but could not start, while its credentials do not load or are refused (401, 403), or after it stopped before shutdown. The kubernetes series exists only with --enable-discovery.", labelProvider)
 }
 
 // discoverySeries creates the update and error series of provider name at

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -21,6 +22,8 @@ import (
 	"testing/synctest"
 
 	"github.com/prometheus/client_golang/prometheus"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
 var (
@@ -640,7 +643,8 @@ func TestObservabilityFiringSeries(t *testing.T) {
 
 // TestObservabilityDiscoveryNotRunningAlert evaluates the rule's expression
 // over what the daemon exports: it holds for the kubernetes provider when
-// discovery is enabled and could not start, or stopped; not when discovery
+// discovery is enabled and could not start, its credentials are refused, or
+// it stopped; not when discovery
 // is off or runs (discovery_running is the merged provider's, whatever the
 // provider: TestMergedReportsRunningProviders).
 func TestObservabilityDiscoveryNotRunningAlert(t *testing.T) {
@@ -656,14 +660,28 @@ func TestObservabilityDiscoveryNotRunningAlert(t *testing.T) {
 			t.Errorf("%s holds for %v; want the kubernetes provider alone", expr, got)
 		}
 	}
-	for _, tt := range discoveryStartFailures(t) {
-		t.Run(tt.name, func(t *testing.T) {
-			reg := prometheus.NewRegistry()
-			cfg := &config{Endpoints: []string{"10.0.0.1:6443"}, EnableDiscovery: true, Kubeconfig: tt.kubeconfig}
-			(&daemon{cfg: cfg, log: testLogger(t), listen: "127.0.0.1:7445"}).newDiscovery(newMetrics(reg))
-			wantKube(t, firingSeries(t, expr, reg))
+	t.Run("no credentials", func(t *testing.T) {
+		if _, err := os.Stat(defaultServiceAccountDir); !errors.Is(err, fs.ErrNotExist) {
+			t.Skipf("%s exists here", defaultServiceAccountDir)
+		}
+		reg := prometheus.NewRegistry()
+		cfg := &config{Endpoints: []string{"10.0.0.1:6443"}, EnableDiscovery: true}
+		(&daemon{cfg: cfg, log: testLogger(t), listen: "127.0.0.1:7445"}).newDiscovery(newMetrics(reg))
+		wantKube(t, firingSeries(t, expr, reg))
+	})
+	t.Run("credentials refused", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			h := startKube(t, 0)
+			h.failList(apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "", errors.New("no")))
+			synctest.Wait()
+			wantKube(t, firingSeries(t, expr, h.reg))
+			h.answerList("1", kubeSlice("a", "1", "10.0.0.1"))
+			h.expectOut("10.0.0.1:6443")
+			if got := firingSeries(t, expr, h.reg); len(got) != 0 {
+				t.Errorf("once a List succeeds, %s holds for %v; want nothing", expr, got)
+			}
 		})
-	}
+	})
 	t.Run("discovery disabled", func(t *testing.T) {
 		reg := prometheus.NewRegistry()
 		(&daemon{cfg: &config{Endpoints: []string{"10.0.0.1:6443"}}, log: testLogger(t), listen: "127.0.0.1:7445"}).newDiscovery(newMetrics(reg))
