@@ -154,8 +154,8 @@ var freeForm = map[string]bool{"resources": true, "nodeSelector": true}
 
 // TestTalosExample checks the Talos machine-config patch: KubePrism off,
 // the node's clients pointed at 127.0.0.1:7445, and a static pod that is a
-// valid Pod, sets only variables the daemon reads, reads the kubelet's
-// certificate for readyz, and keeps the chart's container restrictions.
+// node-level instance (checkNodeLevelPod) running discovery with Talos's
+// kubelet kubeconfig.
 func TestTalosExample(t *testing.T) {
 	patch := talosPatch(t)
 	if patch.Machine.Features.KubePrism.Enabled == nil || *patch.Machine.Features.KubePrism.Enabled {
@@ -170,58 +170,7 @@ func TestTalosExample(t *testing.T) {
 	if len(patch.Machine.Pods) != 1 {
 		t.Fatalf("%d static pods; want 1", len(patch.Machine.Pods))
 	}
-	pod := patch.Machine.Pods[0]
-	spec := pod.Spec
-	if !spec.HostNetwork || spec.PriorityClassName != "system-node-critical" {
-		t.Errorf("hostNetwork %v, priorityClassName %q; want true, system-node-critical", spec.HostNetwork, spec.PriorityClassName)
-	}
-	if len(spec.Containers) != 1 {
-		t.Fatalf("%d containers; want 1", len(spec.Containers))
-	}
-	c := &spec.Containers[0]
-	if want := "ghcr.io/extractedprism/extractedprism:" + chartAppVersion(t); c.Image != want {
-		t.Errorf("image = %q; want %q, the chart's", c.Image, want)
-	}
-	known := daemonVariables(t)
-	env := envValues(t, c)
-	for name := range env {
-		if !known[name] {
-			t.Errorf("env %s is not a daemon variable", name)
-		}
-	}
-	const cert = "/var/lib/kubelet/pki/kubelet-client-current.pem"
-	for name, want := range map[string]string{
-		"EP_ENABLE_DISCOVERY":       "false",
-		"EP_HEALTH_CHECK":           "readyz",
-		"EP_HEALTH_CHECK_CA_FILE":   "/etc/kubernetes/pki/ca.crt",
-		"EP_HEALTH_CHECK_CERT_FILE": cert,
-		"EP_HEALTH_CHECK_KEY_FILE":  cert,
-	} {
-		if env[name] != want {
-			t.Errorf("%s = %q; want %q", name, env[name], want)
-		}
-	}
-	// Each file the daemon reads must be inside a read-only mount of a
-	// host directory.
-	for _, file := range []string{env["EP_HEALTH_CHECK_CA_FILE"], cert} {
-		if !mountedReadOnly(spec, c, filepath.Dir(file)) {
-			t.Errorf("%s is not in a read-only hostPath directory mount", file)
-		}
-	}
-	csc := c.SecurityContext
-	if csc == nil || csc.AllowPrivilegeEscalation == nil || *csc.AllowPrivilegeEscalation ||
-		!boolValue(csc.ReadOnlyRootFilesystem) || csc.Capabilities == nil ||
-		!slices.Equal(csc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(csc.Capabilities.Add) != 0 {
-		t.Errorf("container securityContext = %+v; want no escalation, read-only root, drop ALL", csc)
-	}
-	if spec.SecurityContext == nil || spec.SecurityContext.SeccompProfile == nil || spec.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-		t.Error("the static pod has no RuntimeDefault seccomp profile")
-	}
-	for name, probe := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
-		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != name || probe.HTTPGet.Port.IntValue() != 7446 || probe.HTTPGet.Host != "127.0.0.1" {
-			t.Errorf("probe %s = %+v; want GET 127.0.0.1:7446%s", name, probe, name)
-		}
-	}
+	checkNodeLevelPod(t, patch.Machine.Pods[0].Spec, "/etc/kubernetes/kubeconfig-kubelet")
 }
 
 // talosPatchDoc is the part of a Talos v1alpha1 machine config the patch
@@ -256,22 +205,6 @@ func talosPatch(t *testing.T) *talosPatchDoc {
 		t.Fatalf("%s: %v", talosPatchPath, err)
 	}
 	return patch
-}
-
-// mountedReadOnly reports whether dir is the mount path of a read-only
-// mount of a hostPath volume of the same path.
-func mountedReadOnly(spec corev1.PodSpec, c *corev1.Container, dir string) bool {
-	for _, m := range c.VolumeMounts {
-		if m.MountPath != dir || !m.ReadOnly {
-			continue
-		}
-		for _, v := range spec.Volumes {
-			if v.Name == m.Name && v.HostPath != nil && v.HostPath.Path == dir {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // TestSNIExample checks that the SNI example's three files agree: the
