@@ -41,7 +41,7 @@ import (
 const defaultE2EBinDir = "/root/.cache/extractedprism-e2e/v1.37.2"
 
 // TestAPIServerAcceptsManifests sends every render of the template matrix,
-// of the example values files (the chart's ci/ and examples/sni), of the
+// of the example values files (the chart's ci/), of the
 // chart as a subchart, deploy/extractedprism.yaml, deploy/node-discovery-rbac.yaml and
 // the Talos and kubeadm static pods to a real kube-apiserver as server-side
 // apply dry runs with strict field validation, so the API server's own
@@ -85,13 +85,6 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		t.Fatalf("%s: %v", nodeRBACPath, err)
 	}
 	renders[nodeRBACPath] = nodeRBACDocs
-	sniText, err := renderYAML(t, nil, "--values", filepath.Join(sniDir, "values.yaml"))
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
-	if renders["examples/sni/values.yaml"], err = splitDocuments(sniText); err != nil {
-		t.Fatalf("%v", err)
-	}
 	for _, file := range ciValuesFiles(t) {
 		text, err := renderYAML(t, nil, "--values", file)
 		if err != nil {

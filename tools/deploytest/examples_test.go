@@ -207,10 +207,11 @@ func talosPatch(t *testing.T) *talosPatchDoc {
 	return patch
 }
 
-// TestSNIExample checks that the SNI example's three files agree: the
-// kubelet's kubeconfig sends the cluster's name as SNI to the local
-// extractedprism, and the daemon settings, as variables and as chart
-// values, probe the API servers under that same name with discovery off.
+// TestSNIExample checks that the SNI example's files agree: the kubelet's
+// kubeconfig sends the cluster's name as SNI to the local extractedprism,
+// and the daemon's settings probe the API servers under that same name
+// with discovery off (the API servers' own addresses are behind the shared
+// endpoint) and nothing set that only discovery reads.
 func TestSNIExample(t *testing.T) {
 	kubeconfig, err := clientcmd.LoadFromFile(filepath.Join(sniDir, "kubelet-kubeconfig.yaml"))
 	if err != nil {
@@ -256,18 +257,10 @@ func TestSNIExample(t *testing.T) {
 		}
 	}
 
-	// The chart values must render, and render the same endpoints and
-	// names as the variables.
-	m := render(t, nil, "--values", filepath.Join(sniDir, "values.yaml"))
-	checkInvariants(t, m)
-	rendered := envValues(t, container(t, m))
-	for _, name := range []string{"EP_ENDPOINTS", "EP_ENABLE_DISCOVERY", "EP_HEALTH_CHECK", "EP_HEALTH_CHECK_SERVER_NAME"} {
-		if rendered[name] != env[name] {
-			t.Errorf("values.yaml renders %s = %q; extractedprism.env has %q", name, rendered[name], env[name])
+	for _, name := range []string{"EP_KUBECONFIG", "EP_ENDPOINT_CACHE_FILE"} {
+		if _, ok := env[name]; ok {
+			t.Errorf("extractedprism.env sets %s, which only discovery reads", name)
 		}
-	}
-	if len(m.Roles) != 0 {
-		t.Error("the SNI values render discovery RBAC although discovery is off")
 	}
 }
 
@@ -299,8 +292,8 @@ func envFile(t *testing.T, path string) map[string]string {
 	return env
 }
 
-// sniInstance is one of the two extractedprism instances a node of the SNI
-// example runs, and where it listens.
+// sniInstance is the extractedprism instance a node of the SNI example
+// runs, and where it listens.
 type sniInstance struct {
 	name     string // for messages
 	settings string // the example file that configures it
@@ -319,7 +312,7 @@ func (in *sniInstance) health() string {
 	return net.JoinHostPort(in.healthHost, strconv.Itoa(in.healthPort))
 }
 
-// sniNodeInstance is the kubelet's instance: extractedprism.env under
+// sniNodeInstance is the node's one instance: extractedprism.env under
 // systemd or in a static pod, with the daemon's defaults for what the file
 // leaves unset.
 func sniNodeInstance(t *testing.T) *sniInstance {
@@ -340,28 +333,6 @@ func sniNodeInstance(t *testing.T) *sniInstance {
 	in.healthPort = atoi(t, "extractedprism.env: EP_HEALTH_PORT", setting("EP_HEALTH_PORT", "health-port"))
 	// Empty means the bind address, as in config.go.
 	if in.healthHost = setting("EP_HEALTH_BIND_ADDRESS", "health-bind-address"); in.healthHost == "" {
-		in.healthHost = in.bindHost
-	}
-	return in
-}
-
-// sniChartInstance is kube-proxy's instance: the chart rendered with
-// values.yaml.
-func sniChartInstance(t *testing.T) *sniInstance {
-	t.Helper()
-	m := render(t, nil, "--values", filepath.Join(sniDir, "values.yaml"))
-	env := envValues(t, container(t, m))
-	in := &sniInstance{
-		name:     "chart's instance",
-		settings: "values.yaml",
-		bindHost: env["EP_BIND_ADDRESS"],
-		bindPort: atoi(t, "values.yaml renders EP_BIND_PORT", env["EP_BIND_PORT"]),
-	}
-	in.healthPort = atoi(t, "values.yaml renders EP_HEALTH_PORT", env["EP_HEALTH_PORT"])
-	if h, ok := env["EP_HEALTH_BIND_ADDRESS"]; ok && h == "" {
-		t.Fatal("values.yaml binds the health server to the node IP (metrics.expose), which the README cannot name")
-	}
-	if in.healthHost = env["EP_HEALTH_BIND_ADDRESS"]; in.healthHost == "" {
 		in.healthHost = in.bindHost
 	}
 	return in
@@ -434,32 +405,14 @@ func daemonDefault(t *testing.T, flag string) string {
 	return value
 }
 
-// TestSNIExamplePorts checks that both instances of the SNI example can run
-// on one node. The kubelet's (extractedprism.env, a systemd unit or static
-// pod) and kube-proxy's (the chart's DaemonSet with values.yaml) both use
-// the host's network namespace, so their four ports must differ, or the
-// second to start cannot bind and fails or crash-loops. The README's port
-// table must state those listeners, and the kubelet's kubeconfig must use
-// the node-level one.
+// TestSNIExamplePorts checks that the SNI example runs one instance per
+// node, serving the kubelet, kube-proxy and the CNI agent: the README's
+// table has that one instance, on the listeners extractedprism.env gives
+// it, and the kubelet's kubeconfig uses it.
 func TestSNIExamplePorts(t *testing.T) {
-	node, chart := sniNodeInstance(t), sniChartInstance(t)
-	instances := []*sniInstance{node, chart}
-
-	ports := []struct {
-		what string
-		port int
-	}{
-		{"the node-level proxy port (extractedprism.env EP_BIND_PORT)", node.bindPort},
-		{"the node-level health port (extractedprism.env EP_HEALTH_PORT)", node.healthPort},
-		{"the chart's proxy port (values.yaml bindPort)", chart.bindPort},
-		{"the chart's health port (values.yaml healthPort)", chart.healthPort},
-	}
-	for i, a := range ports {
-		for _, b := range ports[i+1:] {
-			if a.port == b.port {
-				t.Errorf("%s and %s are both %d; both instances share the host's network namespace, so the second cannot bind", a.what, b.what, a.port)
-			}
-		}
+	node := sniNodeInstance(t)
+	if matches, err := filepath.Glob(filepath.Join(sniDir, "values*.yaml")); err != nil || len(matches) != 0 {
+		t.Errorf("chart values in %s (%v, %v): the example runs one node-level instance, no chart", sniDir, matches, err)
 	}
 
 	readmePath := filepath.Join(sniDir, "README.md")
@@ -468,9 +421,18 @@ func TestSNIExamplePorts(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 	lines := strings.Split(string(data), "\n")
-	checkPortTable(t, readmePath, lines, instances)
+	checkPortTable(t, readmePath, lines, []*sniInstance{node})
+	rows := 0
+	for _, line := range lines {
+		if strings.HasPrefix(line, "| ") && !strings.HasPrefix(line, "| Instance") {
+			rows++
+		}
+	}
+	if rows != 1 {
+		t.Errorf("%s: the port table has %d instances; want 1", readmePath, rows)
+	}
 
-	// The kubelet's kubeconfig must name the node-level proxy.
+	// The kubelet's kubeconfig must name that instance's proxy.
 	kubeconfig, err := os.ReadFile(filepath.Join(sniDir, "kubelet-kubeconfig.yaml"))
 	if err != nil {
 		t.Fatalf("%v", err)
