@@ -40,6 +40,7 @@ func TestHelmLint(t *testing.T) {
 			"healthCheck": "readyz",
 			"readyz":      map[string]any{"credentials": "kubeletCertificate"},
 			"metrics":     map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true}},
+			"discovery":   map[string]any{"nodeRBAC": true},
 		}),
 	} {
 		if out, err := runHelm(t, "lint", "--strict", chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion, "--values", valuesFile(t, values)); err != nil {

@@ -84,6 +84,14 @@ func TestKubeadmExample(t *testing.T) {
 		t.Errorf("namespace = %q; want kube-system, kubeadm's static pods'", pod.Namespace)
 	}
 	checkNodeLevelPod(t, pod.Spec, "/etc/kubernetes/kubelet.conf")
+	// The README's install step pulls the image the kubelet will run.
+	readme, err := os.ReadFile(filepath.Join(filepath.Dir(kubeadmPodPath), "README.md"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	if image := pod.Spec.Containers[0].Image; !strings.Contains(string(readme), "crictl pull "+image+"\n") {
+		t.Errorf("examples/kubeadm/README.md does not pull %s, the manifest's image", image)
+	}
 }
 
 // checkNodeLevelPod checks a node-level static pod: host network,
