@@ -41,11 +41,13 @@ import (
 const defaultE2EBinDir = "/root/.cache/extractedprism-e2e/v1.37.2"
 
 // TestAPIServerAcceptsManifests sends every render of the template matrix,
-// of the example values files (the chart's ci/ and examples/sni), of the
-// chart as a subchart, and deploy/extractedprism.yaml to a real kube-apiserver as server-side
+// of the example values files (the chart's ci/), of the
+// chart as a subchart, deploy/extractedprism.yaml, deploy/node-discovery-rbac.yaml and
+// the Talos and kubeadm static pods to a real kube-apiserver as server-side
 // apply dry runs with strict field validation, so the API server's own
-// schema and admission judge them. It then applies the discovery RBAC for
-// real and asks the authorizer what the service account may do.
+// schema and admission judge them. It then applies the discovery RBAC, the
+// chart's and the nodes', for real and asks the authorizer what the
+// service account and a node may do.
 func TestAPIServerAcceptsManifests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts etcd and kube-apiserver; skipped with -short")
@@ -74,13 +76,15 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		t.Fatalf("%s: %v", manifestPath, err)
 	}
 	renders[manifestPath] = plainDocs
-	sniText, err := renderYAML(t, nil, "--values", filepath.Join(sniDir, "values.yaml"))
+	nodeRBAC, err := os.ReadFile(nodeRBACPath)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	if renders["examples/sni/values.yaml"], err = splitDocuments(sniText); err != nil {
-		t.Fatalf("%v", err)
+	nodeRBACDocs, err := splitDocuments(string(nodeRBAC))
+	if err != nil {
+		t.Fatalf("%s: %v", nodeRBACPath, err)
 	}
+	renders[nodeRBACPath] = nodeRBACDocs
 	for _, file := range ciValuesFiles(t) {
 		text, err := renderYAML(t, nil, "--values", file)
 		if err != nil {
@@ -93,7 +97,10 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 	if renders["chart as a subchart"], err = splitDocuments(renderAsSubchart(t, subchartValues)); err != nil {
 		t.Fatalf("%v", err)
 	}
-	talosPod := talosStaticPod(t)
+	staticPods := map[string]*unstructured.Unstructured{
+		talosPatchPath: talosStaticPod(t),
+		kubeadmPodPath: kubeadmStaticPod(t),
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -124,21 +131,24 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 		})
 	}
 
-	// The Talos static pod, as the Pod the API server would see. Without
-	// a controller manager nobody creates kube-system's default
-	// ServiceAccount, which the ServiceAccount admission plugin looks up.
-	t.Run("dry run "+talosPatchPath, func(t *testing.T) {
-		defaultSA := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "v1", "kind": "ServiceAccount",
-			"metadata": map[string]any{"name": "default", "namespace": "kube-system"},
-		}}
-		if err := apply(ctx, dyn, mapper, defaultSA, false); err != nil {
-			t.Fatalf("%v", err)
-		}
-		if err := apply(ctx, dyn, mapper, talosPod, true); err != nil {
-			t.Errorf("%v", err)
-		}
-	})
+	// The static pods, as the Pods the API server would see (the kubelet
+	// creates their mirror pods). Without a controller manager nobody
+	// creates kube-system's default ServiceAccount, which the
+	// ServiceAccount admission plugin looks up.
+	defaultSA := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "v1", "kind": "ServiceAccount",
+		"metadata": map[string]any{"name": "default", "namespace": "kube-system"},
+	}}
+	if err := apply(ctx, dyn, mapper, defaultSA, false); err != nil {
+		t.Fatalf("%v", err)
+	}
+	for path, pod := range staticPods {
+		t.Run("dry run "+path, func(t *testing.T) {
+			if err := apply(ctx, dyn, mapper, pod, true); err != nil {
+				t.Errorf("%v", err)
+			}
+		})
+	}
 
 	// The RBAC of the default render, applied for real, with its
 	// ServiceAccount; the authorizer then answers for that account.
@@ -157,7 +167,30 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 	if sa.name == "" {
 		t.Fatal("the default render has no ServiceAccount")
 	}
-	checkAccess(ctx, t, clientset, sa)
+	checkAccess(ctx, t, clientset, sa.subject())
+
+	// The nodes' grant, applied for real; a kubelet's certificate names
+	// the user system:node:<name> in the group system:nodes.
+	for _, obj := range nodeRBACDocs {
+		if err := apply(ctx, dyn, mapper, obj, false); err != nil {
+			t.Fatalf("%v", err)
+		}
+	}
+	checkAccess(ctx, t, clientset, accessSubject{user: "system:node:worker-1", groups: []string{"system:nodes", "system:authenticated"}})
+}
+
+// kubeadmStaticPod returns the kubeadm example's pod as an object.
+func kubeadmStaticPod(t *testing.T) *unstructured.Unstructured {
+	t.Helper()
+	data, err := os.ReadFile(kubeadmPodPath)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	pod := map[string]any{}
+	if err := yaml.Unmarshal(data, &pod); err != nil {
+		t.Fatalf("%s: %v", kubeadmPodPath, err)
+	}
+	return &unstructured.Unstructured{Object: pod}
 }
 
 // talosStaticPod returns the static pod of the Talos patch as an object.
@@ -204,15 +237,25 @@ func e2eBinaries(t *testing.T) (apiserver, etcd string) {
 // serviceAccount names a ServiceAccount.
 type serviceAccount struct{ namespace, name string }
 
-// user is the user name the API server gives the account's tokens.
-func (sa serviceAccount) user() string {
-	return "system:serviceaccount:" + sa.namespace + ":" + sa.name
+// subject is the user and groups the API server gives the account's
+// tokens.
+func (sa serviceAccount) subject() accessSubject {
+	return accessSubject{
+		user:   "system:serviceaccount:" + sa.namespace + ":" + sa.name,
+		groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + sa.namespace, "system:authenticated"},
+	}
+}
+
+// accessSubject is who a SubjectAccessReview asks about.
+type accessSubject struct {
+	user   string
+	groups []string
 }
 
 // checkAccess asks the API server's authorizer, through
-// SubjectAccessReviews, what the service account user may do: read the
-// EndpointSlices in default, and nothing else this test can think of.
-func checkAccess(ctx context.Context, t *testing.T, clientset kubernetes.Interface, sa serviceAccount) {
+// SubjectAccessReviews, what the subject may do: read the EndpointSlices
+// in default, and nothing else this test can think of.
+func checkAccess(ctx context.Context, t *testing.T, clientset kubernetes.Interface, who accessSubject) {
 	t.Helper()
 	namespace := func(ns string) string {
 		if ns == "" {
@@ -247,7 +290,7 @@ func checkAccess(ctx context.Context, t *testing.T, clientset kubernetes.Interfa
 		// and still hold after the grants have shown.
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			allowed, reason, err := subjectAccess(ctx, clientset, sa, attrs)
+			allowed, reason, err := subjectAccess(ctx, clientset, who, attrs)
 			if err != nil {
 				t.Fatalf("SubjectAccessReview: %v", err)
 			}
@@ -255,7 +298,7 @@ func checkAccess(ctx context.Context, t *testing.T, clientset kubernetes.Interfa
 				break
 			}
 			if !tt.want || time.Now().After(deadline) {
-				t.Errorf("%s may %s %s.%s in %s: %v; want %v (%s)", sa.user(), tt.verb, tt.resource, tt.group, namespace(tt.namespace), allowed, tt.want, reason)
+				t.Errorf("%s may %s %s.%s in %s: %v; want %v (%s)", who.user, tt.verb, tt.resource, tt.group, namespace(tt.namespace), allowed, tt.want, reason)
 				break
 			}
 			time.Sleep(200 * time.Millisecond)
@@ -263,13 +306,12 @@ func checkAccess(ctx context.Context, t *testing.T, clientset kubernetes.Interfa
 	}
 }
 
-// subjectAccess asks whether a service account may do attrs.
-func subjectAccess(ctx context.Context, clientset kubernetes.Interface, sa serviceAccount, attrs *authorizationv1.ResourceAttributes) (bool, string, error) {
+// subjectAccess asks whether a subject may do attrs.
+func subjectAccess(ctx context.Context, clientset kubernetes.Interface, who accessSubject, attrs *authorizationv1.ResourceAttributes) (bool, string, error) {
 	review := &authorizationv1.SubjectAccessReview{
 		Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: sa.user(),
-			// The groups the API server gives every service-account token.
-			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + sa.namespace, "system:authenticated"},
+			User:               who.user,
+			Groups:             who.groups,
 			ResourceAttributes: attrs,
 		},
 	}

@@ -40,6 +40,7 @@ func TestHelmLint(t *testing.T) {
 			"healthCheck": "readyz",
 			"readyz":      map[string]any{"credentials": "kubeletCertificate"},
 			"metrics":     map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true}},
+			"discovery":   map[string]any{"nodeRBAC": true},
 		}),
 	} {
 		if out, err := runHelm(t, "lint", "--strict", chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion, "--values", valuesFile(t, values)); err != nil {
@@ -180,6 +181,37 @@ func templateCases(appVersion string) []templateCase {
 				// The default readyz check still reads the token and CA.
 				if !boolValue(m.DaemonSet.Spec.Template.Spec.AutomountServiceAccountToken) {
 					t.Error("the service-account token is not mounted, which the readyz check reads")
+				}
+			},
+		},
+		{
+			// Node-level instances run discovery with the kubelet's
+			// credentials: the nodes get the grant of
+			// deploy/node-discovery-rbac.yaml, the pods keep theirs.
+			name:   "node RBAC",
+			values: withEndpoints(map[string]any{"discovery": map[string]any{"nodeRBAC": true}}),
+			check: func(t *testing.T, m *manifest) {
+				pods, nodes := splitRBAC(m)
+				checkDiscoveryRBAC(t, pods)
+				checkNodeDiscoveryRBAC(t, nodes)
+				if pods.Roles[0].Name == nodes.Roles[0].Name {
+					t.Errorf("both Roles are named %q", pods.Roles[0].Name)
+				}
+			},
+		},
+		{
+			// The chart's pods may run without discovery (serving
+			// kube-proxy only) while the node-level instances run it.
+			name:   "node RBAC without discovery",
+			values: withEndpoints(map[string]any{"discovery": map[string]any{"enabled": false, "nodeRBAC": true}}),
+			check: func(t *testing.T, m *manifest) {
+				pods, nodes := splitRBAC(m)
+				if len(pods.Roles) != 0 || len(pods.RoleBindings) != 0 {
+					t.Errorf("discovery off renders %d Roles and %d RoleBindings for the pods; want none", len(pods.Roles), len(pods.RoleBindings))
+				}
+				checkNodeDiscoveryRBAC(t, nodes)
+				if got := envValues(t, container(t, m))["EP_ENABLE_DISCOVERY"]; got != "false" {
+					t.Errorf("EP_ENABLE_DISCOVERY = %q; want false", got)
 				}
 			},
 		},
@@ -1048,6 +1080,55 @@ func checkDiscoveryRBAC(t *testing.T, m *manifest) {
 	wantSubject := rbacv1.Subject{Kind: "ServiceAccount", Name: m.DaemonSet.Spec.Template.Spec.ServiceAccountName, Namespace: releaseNamespace}
 	if !slices.Equal(binding.Subjects, []rbacv1.Subject{wantSubject}) {
 		t.Errorf("subjects = %+v; want [%+v]", binding.Subjects, wantSubject)
+	}
+}
+
+// splitRBAC separates the Roles and RoleBindings of a render into the
+// pods' (bound to a ServiceAccount) and the nodes' (bound to a Group), by
+// the binding's subjects and the Role it names; the DaemonSet goes with the
+// pods' for checkDiscoveryRBAC.
+func splitRBAC(m *manifest) (pods, nodes *manifest) {
+	pods, nodes = &manifest{DaemonSet: m.DaemonSet}, &manifest{}
+	toNodes := map[string]bool{}
+	for _, binding := range m.RoleBindings {
+		if len(binding.Subjects) > 0 && binding.Subjects[0].Kind == rbacv1.GroupKind {
+			nodes.RoleBindings = append(nodes.RoleBindings, binding)
+			toNodes[binding.RoleRef.Name] = true
+			continue
+		}
+		pods.RoleBindings = append(pods.RoleBindings, binding)
+	}
+	for _, role := range m.Roles {
+		if toNodes[role.Name] {
+			nodes.Roles = append(nodes.Roles, role)
+		} else {
+			pods.Roles = append(pods.Roles, role)
+		}
+	}
+	return pods, nodes
+}
+
+// checkNodeDiscoveryRBAC checks that the render's grant to the nodes is
+// the one of deploy/node-discovery-rbac.yaml: the same rules, in the same
+// namespace, bound to the same subjects. Only the names differ.
+func checkNodeDiscoveryRBAC(t *testing.T, m *manifest) {
+	t.Helper()
+	if len(m.Roles) != 1 || len(m.RoleBindings) != 1 {
+		t.Fatalf("%d Roles and %d RoleBindings for the nodes; want one of each", len(m.Roles), len(m.RoleBindings))
+	}
+	want := nodeDiscoveryRBAC(t)
+	role, binding := m.Roles[0], m.RoleBindings[0]
+	if role.Namespace != want.Roles[0].Namespace || binding.Namespace != want.RoleBindings[0].Namespace {
+		t.Errorf("Role in %q, RoleBinding in %q; want %q as %s", role.Namespace, binding.Namespace, want.Roles[0].Namespace, nodeRBACPath)
+	}
+	if got, want := fmt.Sprint(role.Rules), fmt.Sprint(want.Roles[0].Rules); got != want {
+		t.Errorf("Role rules = %s; want %s, as %s", got, want, nodeRBACPath)
+	}
+	if !slices.Equal(binding.Subjects, want.RoleBindings[0].Subjects) {
+		t.Errorf("subjects = %+v; want %+v, as %s", binding.Subjects, want.RoleBindings[0].Subjects, nodeRBACPath)
+	}
+	if wantRef := (rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: role.Name}); binding.RoleRef != wantRef {
+		t.Errorf("roleRef = %+v; want %+v", binding.RoleRef, wantRef)
 	}
 }
 

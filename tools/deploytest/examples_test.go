@@ -154,8 +154,8 @@ var freeForm = map[string]bool{"resources": true, "nodeSelector": true}
 
 // TestTalosExample checks the Talos machine-config patch: KubePrism off,
 // the node's clients pointed at 127.0.0.1:7445, and a static pod that is a
-// valid Pod, sets only variables the daemon reads, reads the kubelet's
-// certificate for readyz, and keeps the chart's container restrictions.
+// node-level instance (checkNodeLevelPod) running discovery with Talos's
+// kubelet kubeconfig.
 func TestTalosExample(t *testing.T) {
 	patch := talosPatch(t)
 	if patch.Machine.Features.KubePrism.Enabled == nil || *patch.Machine.Features.KubePrism.Enabled {
@@ -170,58 +170,7 @@ func TestTalosExample(t *testing.T) {
 	if len(patch.Machine.Pods) != 1 {
 		t.Fatalf("%d static pods; want 1", len(patch.Machine.Pods))
 	}
-	pod := patch.Machine.Pods[0]
-	spec := pod.Spec
-	if !spec.HostNetwork || spec.PriorityClassName != "system-node-critical" {
-		t.Errorf("hostNetwork %v, priorityClassName %q; want true, system-node-critical", spec.HostNetwork, spec.PriorityClassName)
-	}
-	if len(spec.Containers) != 1 {
-		t.Fatalf("%d containers; want 1", len(spec.Containers))
-	}
-	c := &spec.Containers[0]
-	if want := "ghcr.io/extractedprism/extractedprism:" + chartAppVersion(t); c.Image != want {
-		t.Errorf("image = %q; want %q, the chart's", c.Image, want)
-	}
-	known := daemonVariables(t)
-	env := envValues(t, c)
-	for name := range env {
-		if !known[name] {
-			t.Errorf("env %s is not a daemon variable", name)
-		}
-	}
-	const cert = "/var/lib/kubelet/pki/kubelet-client-current.pem"
-	for name, want := range map[string]string{
-		"EP_ENABLE_DISCOVERY":       "false",
-		"EP_HEALTH_CHECK":           "readyz",
-		"EP_HEALTH_CHECK_CA_FILE":   "/etc/kubernetes/pki/ca.crt",
-		"EP_HEALTH_CHECK_CERT_FILE": cert,
-		"EP_HEALTH_CHECK_KEY_FILE":  cert,
-	} {
-		if env[name] != want {
-			t.Errorf("%s = %q; want %q", name, env[name], want)
-		}
-	}
-	// Each file the daemon reads must be inside a read-only mount of a
-	// host directory.
-	for _, file := range []string{env["EP_HEALTH_CHECK_CA_FILE"], cert} {
-		if !mountedReadOnly(spec, c, filepath.Dir(file)) {
-			t.Errorf("%s is not in a read-only hostPath directory mount", file)
-		}
-	}
-	csc := c.SecurityContext
-	if csc == nil || csc.AllowPrivilegeEscalation == nil || *csc.AllowPrivilegeEscalation ||
-		!boolValue(csc.ReadOnlyRootFilesystem) || csc.Capabilities == nil ||
-		!slices.Equal(csc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(csc.Capabilities.Add) != 0 {
-		t.Errorf("container securityContext = %+v; want no escalation, read-only root, drop ALL", csc)
-	}
-	if spec.SecurityContext == nil || spec.SecurityContext.SeccompProfile == nil || spec.SecurityContext.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-		t.Error("the static pod has no RuntimeDefault seccomp profile")
-	}
-	for name, probe := range map[string]*corev1.Probe{"/healthz": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
-		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != name || probe.HTTPGet.Port.IntValue() != 7446 || probe.HTTPGet.Host != "127.0.0.1" {
-			t.Errorf("probe %s = %+v; want GET 127.0.0.1:7446%s", name, probe, name)
-		}
-	}
+	checkNodeLevelPod(t, patch.Machine.Pods[0].Spec, "/etc/kubernetes/kubeconfig-kubelet")
 }
 
 // talosPatchDoc is the part of a Talos v1alpha1 machine config the patch
@@ -258,26 +207,11 @@ func talosPatch(t *testing.T) *talosPatchDoc {
 	return patch
 }
 
-// mountedReadOnly reports whether dir is the mount path of a read-only
-// mount of a hostPath volume of the same path.
-func mountedReadOnly(spec corev1.PodSpec, c *corev1.Container, dir string) bool {
-	for _, m := range c.VolumeMounts {
-		if m.MountPath != dir || !m.ReadOnly {
-			continue
-		}
-		for _, v := range spec.Volumes {
-			if v.Name == m.Name && v.HostPath != nil && v.HostPath.Path == dir {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// TestSNIExample checks that the SNI example's three files agree: the
-// kubelet's kubeconfig sends the cluster's name as SNI to the local
-// extractedprism, and the daemon settings, as variables and as chart
-// values, probe the API servers under that same name with discovery off.
+// TestSNIExample checks that the SNI example's files agree: the kubelet's
+// kubeconfig sends the cluster's name as SNI to the local extractedprism,
+// and the daemon's settings probe the API servers under that same name
+// with discovery off (the API servers' own addresses are behind the shared
+// endpoint) and nothing set that only discovery reads.
 func TestSNIExample(t *testing.T) {
 	kubeconfig, err := clientcmd.LoadFromFile(filepath.Join(sniDir, "kubelet-kubeconfig.yaml"))
 	if err != nil {
@@ -323,18 +257,10 @@ func TestSNIExample(t *testing.T) {
 		}
 	}
 
-	// The chart values must render, and render the same endpoints and
-	// names as the variables.
-	m := render(t, nil, "--values", filepath.Join(sniDir, "values.yaml"))
-	checkInvariants(t, m)
-	rendered := envValues(t, container(t, m))
-	for _, name := range []string{"EP_ENDPOINTS", "EP_ENABLE_DISCOVERY", "EP_HEALTH_CHECK", "EP_HEALTH_CHECK_SERVER_NAME"} {
-		if rendered[name] != env[name] {
-			t.Errorf("values.yaml renders %s = %q; extractedprism.env has %q", name, rendered[name], env[name])
+	for _, name := range []string{"EP_KUBECONFIG", "EP_ENDPOINT_CACHE_FILE"} {
+		if _, ok := env[name]; ok {
+			t.Errorf("extractedprism.env sets %s, which only discovery reads", name)
 		}
-	}
-	if len(m.Roles) != 0 {
-		t.Error("the SNI values render discovery RBAC although discovery is off")
 	}
 }
 
@@ -366,8 +292,8 @@ func envFile(t *testing.T, path string) map[string]string {
 	return env
 }
 
-// sniInstance is one of the two extractedprism instances a node of the SNI
-// example runs, and where it listens.
+// sniInstance is the extractedprism instance a node of the SNI example
+// runs, and where it listens.
 type sniInstance struct {
 	name     string // for messages
 	settings string // the example file that configures it
@@ -386,7 +312,7 @@ func (in *sniInstance) health() string {
 	return net.JoinHostPort(in.healthHost, strconv.Itoa(in.healthPort))
 }
 
-// sniNodeInstance is the kubelet's instance: extractedprism.env under
+// sniNodeInstance is the node's one instance: extractedprism.env under
 // systemd or in a static pod, with the daemon's defaults for what the file
 // leaves unset.
 func sniNodeInstance(t *testing.T) *sniInstance {
@@ -407,28 +333,6 @@ func sniNodeInstance(t *testing.T) *sniInstance {
 	in.healthPort = atoi(t, "extractedprism.env: EP_HEALTH_PORT", setting("EP_HEALTH_PORT", "health-port"))
 	// Empty means the bind address, as in config.go.
 	if in.healthHost = setting("EP_HEALTH_BIND_ADDRESS", "health-bind-address"); in.healthHost == "" {
-		in.healthHost = in.bindHost
-	}
-	return in
-}
-
-// sniChartInstance is kube-proxy's instance: the chart rendered with
-// values.yaml.
-func sniChartInstance(t *testing.T) *sniInstance {
-	t.Helper()
-	m := render(t, nil, "--values", filepath.Join(sniDir, "values.yaml"))
-	env := envValues(t, container(t, m))
-	in := &sniInstance{
-		name:     "chart's instance",
-		settings: "values.yaml",
-		bindHost: env["EP_BIND_ADDRESS"],
-		bindPort: atoi(t, "values.yaml renders EP_BIND_PORT", env["EP_BIND_PORT"]),
-	}
-	in.healthPort = atoi(t, "values.yaml renders EP_HEALTH_PORT", env["EP_HEALTH_PORT"])
-	if h, ok := env["EP_HEALTH_BIND_ADDRESS"]; ok && h == "" {
-		t.Fatal("values.yaml binds the health server to the node IP (metrics.expose), which the README cannot name")
-	}
-	if in.healthHost = env["EP_HEALTH_BIND_ADDRESS"]; in.healthHost == "" {
 		in.healthHost = in.bindHost
 	}
 	return in
@@ -501,32 +405,14 @@ func daemonDefault(t *testing.T, flag string) string {
 	return value
 }
 
-// TestSNIExamplePorts checks that both instances of the SNI example can run
-// on one node. The kubelet's (extractedprism.env, a systemd unit or static
-// pod) and kube-proxy's (the chart's DaemonSet with values.yaml) both use
-// the host's network namespace, so their four ports must differ, or the
-// second to start cannot bind and fails or crash-loops. The README's port
-// table must state those listeners, and the kubelet's kubeconfig must use
-// the node-level one.
+// TestSNIExamplePorts checks that the SNI example runs one instance per
+// node, serving the kubelet, kube-proxy and the CNI agent: the README's
+// table has that one instance, on the listeners extractedprism.env gives
+// it, and the kubelet's kubeconfig uses it.
 func TestSNIExamplePorts(t *testing.T) {
-	node, chart := sniNodeInstance(t), sniChartInstance(t)
-	instances := []*sniInstance{node, chart}
-
-	ports := []struct {
-		what string
-		port int
-	}{
-		{"the node-level proxy port (extractedprism.env EP_BIND_PORT)", node.bindPort},
-		{"the node-level health port (extractedprism.env EP_HEALTH_PORT)", node.healthPort},
-		{"the chart's proxy port (values.yaml bindPort)", chart.bindPort},
-		{"the chart's health port (values.yaml healthPort)", chart.healthPort},
-	}
-	for i, a := range ports {
-		for _, b := range ports[i+1:] {
-			if a.port == b.port {
-				t.Errorf("%s and %s are both %d; both instances share the host's network namespace, so the second cannot bind", a.what, b.what, a.port)
-			}
-		}
+	node := sniNodeInstance(t)
+	if matches, err := filepath.Glob(filepath.Join(sniDir, "values*.yaml")); err != nil || len(matches) != 0 {
+		t.Errorf("chart values in %s (%v, %v): the example runs one node-level instance, no chart", sniDir, matches, err)
 	}
 
 	readmePath := filepath.Join(sniDir, "README.md")
@@ -535,9 +421,18 @@ func TestSNIExamplePorts(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 	lines := strings.Split(string(data), "\n")
-	checkPortTable(t, readmePath, lines, instances)
+	checkPortTable(t, readmePath, lines, []*sniInstance{node})
+	rows := 0
+	for _, line := range lines {
+		if strings.HasPrefix(line, "| ") && !strings.HasPrefix(line, "| Instance") {
+			rows++
+		}
+	}
+	if rows != 1 {
+		t.Errorf("%s: the port table has %d instances; want 1", readmePath, rows)
+	}
 
-	// The kubelet's kubeconfig must name the node-level proxy.
+	// The kubelet's kubeconfig must name that instance's proxy.
 	kubeconfig, err := os.ReadFile(filepath.Join(sniDir, "kubelet-kubeconfig.yaml"))
 	if err != nil {
 		t.Fatalf("%v", err)

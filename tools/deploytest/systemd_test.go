@@ -127,10 +127,38 @@ func systemdEnv(t *testing.T) map[string]string {
 	return env
 }
 
+// TestSystemdExampleDiscovery checks that the example runs discovery with
+// the kubelet's kubeconfig and keeps the endpoint cache in the directory
+// the unit's StateDirectory= makes, the one path ProtectSystem=strict
+// leaves writable.
+func TestSystemdExampleDiscovery(t *testing.T) {
+	env := systemdEnv(t)
+	unit := unitSettings(t)
+	for name, want := range map[string]string{
+		"EP_ENABLE_DISCOVERY": "true",
+		"EP_KUBECONFIG":       "/etc/kubernetes/kubelet.conf",
+	} {
+		if env[name] != want {
+			t.Errorf("%s = %q; want %q", name, env[name], want)
+		}
+	}
+	if unit["StateDirectory"] == "" {
+		t.Fatal("the unit has no StateDirectory=")
+	}
+	stateDir := "/var/lib/" + unit["StateDirectory"]
+	if cache := env["EP_ENDPOINT_CACHE_FILE"]; filepath.Dir(cache) != stateDir {
+		t.Errorf("EP_ENDPOINT_CACHE_FILE = %q; want a file in %s, the unit's state directory", cache, stateDir)
+	}
+}
+
 // TestSystemdExampleRunsWithoutCapabilities runs the daemon as the unit
 // does (root, CapabilityBoundingSet= and NoNewPrivileges=yes, through
 // setpriv) with the example's settings, the credential paths pointed at
-// files laid out like the kubelet's, and a TLS API server on loopback.
+// files laid out like the kubelet's (a kubeconfig naming the certificate
+// file), the endpoint cache in a root-only state directory, and a TLS API
+// server on loopback that serves /readyz and the kubernetes EndpointSlice.
+// The daemon must discover the slice's endpoint with the kubeconfig's
+// credentials and write it to the cache.
 func TestSystemdExampleRunsWithoutCapabilities(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root, as the unit runs the daemon")
@@ -155,9 +183,24 @@ func TestSystemdExampleRunsWithoutCapabilities(t *testing.T) {
 			t.Fatalf("%v", err)
 		}
 	}
-	upstream := readyzServer(t, pki)
+	// The kubelet's kubeconfig as its bootstrap writes it: the CA and the
+	// one certificate-and-key file named by path.
+	kubeconfig := filepath.Join(t.TempDir(), "kubelet.conf")
+	if err := os.WriteFile(kubeconfig, []byte(kubeletKubeconfig(caFile, clientPEM)), 0o600); err != nil {
+		t.Fatalf("%v", err)
+	}
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatalf("%v", err)
+	}
+	// An address on loopback that nothing serves: discovery only has to
+	// report it, and it differs from the static endpoint.
+	discovered := net.JoinHostPort("127.0.0.2", strconv.Itoa(freePort(t)))
+	upstream := readyzServer(t, pki, discovered)
 	bindPort, healthPort := freePort(t), freePort(t)
 	env["EP_ENDPOINTS"] = upstream // loopback only, never the example's addresses
+	env["EP_KUBECONFIG"] = kubeconfig
+	env["EP_ENDPOINT_CACHE_FILE"] = filepath.Join(state, "endpoints.json")
 	env["EP_BIND_PORT"], env["EP_HEALTH_PORT"] = strconv.Itoa(bindPort), strconv.Itoa(healthPort)
 	env["EP_HEALTH_CHECK_CA_FILE"] = caFile
 	env["EP_HEALTH_CHECK_CERT_FILE"], env["EP_HEALTH_CHECK_KEY_FILE"] = clientPEM, clientPEM
@@ -192,6 +235,16 @@ func TestSystemdExampleRunsWithoutCapabilities(t *testing.T) {
 	if err := getOK(client, "https://"+net.JoinHostPort("127.0.0.1", strconv.Itoa(bindPort))+"/readyz"); err != nil {
 		t.Errorf("a request through the daemon: %v", err)
 	}
+	waitFor(ctx, t, "the discovered endpoint in the cache", func() error {
+		data, err := os.ReadFile(env["EP_ENDPOINT_CACHE_FILE"])
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(data), discovered) {
+			return fmt.Errorf("the cache holds %s; want %s", data, discovered)
+		}
+		return nil
+	})
 	if out := logs.String(); strings.Contains(out, "permission denied") {
 		t.Errorf("the daemon met a permission error:\n%s", out)
 	}
@@ -223,10 +276,50 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
+// kubeletKubeconfig is a kubeconfig like the one the kubelet writes after
+// its bootstrap: a server (which the daemon replaces with its listener),
+// the CA, and the rotating certificate-and-key file for both client fields.
+func kubeletKubeconfig(caFile, clientPEM string) string {
+	return `apiVersion: v1
+kind: Config
+clusters:
+  - name: default-cluster
+    cluster:
+      server: https://192.0.2.11:6443
+      certificate-authority: ` + caFile + `
+users:
+  - name: default-auth
+    user:
+      client-certificate: ` + clientPEM + `
+      client-key: ` + clientPEM + `
+contexts:
+  - name: default-context
+    context:
+      cluster: default-cluster
+      user: default-auth
+current-context: default-context
+`
+}
+
+// sliceList is the kubernetes EndpointSlice list an API server answers,
+// with one ready endpoint.
+func sliceList(endpoint string) (string, error) {
+	host, port, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return "", err
+	}
+	return `{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[{` +
+		`"metadata":{"name":"kubernetes","namespace":"default","labels":{"kubernetes.io/service-name":"kubernetes"}},` +
+		`"addressType":"IPv4","endpoints":[{"addresses":["` + host + `"],"conditions":{"ready":true}}],` +
+		`"ports":[{"name":"https","port":` + port + `,"protocol":"TCP"}]}]}`, nil
+}
+
 // readyzServer starts a TLS server on loopback with the test PKI's serving
 // certificate that, like kube-apiserver, wants a client certificate from
-// its CA and answers /readyz with 200. It returns its address.
-func readyzServer(t *testing.T, pki testPKI) string {
+// its CA, answers /readyz with 200 and lists the kubernetes EndpointSlice
+// with the one endpoint discovered. A watch ends at once, as one closed by
+// the API server would. It returns its address.
+func readyzServer(t *testing.T, pki testPKI, discovered string) string {
 	t.Helper()
 	cert, err := tls.LoadX509KeyPair(pki.servingCert, pki.servingKey)
 	if err != nil {
@@ -234,12 +327,22 @@ func readyzServer(t *testing.T, pki testPKI) string {
 	}
 	clientCAs := x509.NewCertPool()
 	clientCAs.AppendCertsFromPEM(pki.caPEM)
+	list, err := sliceList(discovered)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/readyz" {
+		switch {
+		case r.URL.Path == "/readyz":
+			_, _ = fmt.Fprint(w, "ok")
+		case r.URL.Path == "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices" && r.URL.Query().Get("watch") != "":
+			w.Header().Set("Content-Type", "application/json")
+		case r.URL.Path == "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = fmt.Fprint(w, list)
+		default:
 			http.NotFound(w, r)
-			return
 		}
-		_, _ = fmt.Fprint(w, "ok")
 	}))
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: clientCAs, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
 	srv.StartTLS()
