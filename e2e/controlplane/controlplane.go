@@ -128,7 +128,9 @@ type APIServerConfig struct {
 // ServiceIPRange is the service range; its first address is pki.ServiceIP.
 const ServiceIPRange = "10.96.0.0/16"
 
-// APIServerArgs returns the kube-apiserver command line: RBAC, anonymous
+// APIServerArgs returns the kube-apiserver command line: the Node
+// authorizer and RBAC, as kubeadm runs them (nodes get nothing beyond
+// what RBAC grants their group for EndpointSlices), anonymous
 // authentication on (so GET /readyz works without credentials, through
 // system:public-info-viewer), client certificates, service-account tokens
 // and the lease endpoint reconciler, which keeps the default/kubernetes
@@ -145,7 +147,7 @@ func APIServerArgs(bin string, c APIServerConfig) []string {
 		"--secure-port", strconv.Itoa(c.Port),
 		"--etcd-servers", strings.Join(c.EtcdServers, ","),
 		"--service-cluster-ip-range", ServiceIPRange,
-		"--authorization-mode", "RBAC",
+		"--authorization-mode", "Node,RBAC",
 		"--anonymous-auth=true",
 		"--client-ca-file", c.Certs.CA,
 		"--tls-cert-file", c.Certs.Serving.Cert,

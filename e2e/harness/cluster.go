@@ -84,8 +84,9 @@ type Cluster struct {
 	bins  controlplane.Binaries
 	logf  func(format string, args ...any)
 
-	mu  sync.Mutex // guards cps
-	cps map[string]*cpNode
+	mu        sync.Mutex // guards cps and nodeCerts
+	cps       map[string]*cpNode
+	nodeCerts int // node certificates issued (RotateNodeCert)
 }
 
 type cpNode struct {

@@ -39,6 +39,11 @@ type Mode struct {
 	// TokenRequest API) as the probe's credential, and ChartSettings in
 	// place of the suite's timing.
 	Chart bool
+	// Node runs the daemon as a node-level instance with the kubelet's
+	// credentials: discovery (and with readyz, the probe) uses w1's node
+	// client certificate through its kubelet.conf, the endpoint cache is
+	// on, and only cp1 is a static endpoint.
+	Node bool
 }
 
 // chartDefaults is the mode of the chart's default values.
@@ -52,6 +57,9 @@ func (m Mode) String() string {
 	s := m.HealthCheck + "/" + m.Selection
 	if m.ProbeCert {
 		s += "+cert"
+	}
+	if m.Node {
+		s += "+node"
 	}
 	return s
 }
@@ -132,6 +140,10 @@ func (c *Cluster) daemonArgs(cfg DaemonConfig) []string {
 	if bindPort == 0 {
 		bindPort, healthPort = 7445, 7446
 	}
+	kubeconfig := c.daemonKubeconfig()
+	if cfg.Mode.Node {
+		kubeconfig = c.nodeKubeconfig()
+	}
 	args := []string{
 		cfg.Binary,
 		"--endpoints", strings.Join(cfg.Endpoints, ","),
@@ -142,19 +154,25 @@ func (c *Cluster) daemonArgs(cfg DaemonConfig) []string {
 		"--health-timeout", cfg.Settings.HealthTimeout.String(),
 		"--drain-timeout", cfg.Settings.DrainTimeout.String(),
 		"--enable-discovery=" + strconv.FormatBool(!cfg.NoDiscovery),
-		"--kubeconfig", c.daemonKubeconfig(),
+		"--kubeconfig", kubeconfig,
 		"--upstream-selection", cfg.Mode.Selection,
 		"--health-check", cfg.Mode.HealthCheck,
 	}
 	if cfg.Mode.HealthCheck == "readyz" {
 		args = append(args, "--health-check-ca-file", c.CA.CertFile(),
 			"--health-check-server-name", pki.ServiceName)
-		if cfg.Mode.ProbeCert {
+		switch {
+		case cfg.Mode.Node:
+			args = append(args, "--health-check-cert-file", c.nodeCertPath(), "--health-check-key-file", c.nodeCertPath())
+		case cfg.Mode.ProbeCert:
 			args = append(args, "--health-check-cert-file", c.Probe.Cert, "--health-check-key-file", c.Probe.Key)
 		}
 		if cfg.TokenFile != "" {
 			args = append(args, "--health-check-token-file", cfg.TokenFile)
 		}
+	}
+	if cfg.Mode.Node && !cfg.NoDiscovery {
+		args = append(args, "--endpoint-cache-file", c.nodeCachePath())
 	}
 	return args
 }
@@ -384,9 +402,10 @@ next:
 
 // upstreamState is what the tests read of one upstream in /upstreams.
 type upstreamState struct {
-	known    bool // in the pool
-	draining bool
-	fromKube bool // listed by Kubernetes discovery
+	known     bool // in the pool
+	draining  bool
+	fromKube  bool // listed by Kubernetes discovery
+	fromCache bool // listed by the endpoint cache
 }
 
 // upstream reads addr's state from the daemon's /upstreams.
@@ -408,7 +427,8 @@ func (d *Daemon) upstream(addr string) (upstreamState, error) {
 	}
 	for _, u := range all {
 		if u.Address == addr {
-			return upstreamState{known: true, draining: u.Draining, fromKube: slices.Contains(u.Sources, "kubernetes")}, nil
+			return upstreamState{known: true, draining: u.Draining, fromKube: slices.Contains(u.Sources, "kubernetes"),
+				fromCache: slices.Contains(u.Sources, "cache")}, nil
 		}
 	}
 	return upstreamState{}, nil

@@ -29,7 +29,8 @@ func (r Report) Markdown() string {
 		r.Daemon, r.Settings.HealthInterval, r.Settings.HealthTimeout, r.Settings.DrainTimeout)
 	fmt.Fprintf(&b, "- chart-defaults rows: the chart's defaults instead, `--health-check readyz --upstream-selection random --health-interval %s --health-timeout %s --drain-timeout %s`, the probe with a service-account token from the TokenRequest API\n",
 		ChartSettings.HealthInterval, ChartSettings.HealthTimeout, ChartSettings.DrainTimeout)
-	fmt.Fprintf(&b, "- Control plane: kube-apiserver and etcd %s built from source, 3 etcd members, one API server per node on its local member, EndpointSlice watch cache off\n", controlplane.KubernetesVersion)
+	fmt.Fprintf(&b, "- +node rows: the node-level instance on the kubelet's credentials: discovery through a kubelet.conf naming w1's node client certificate (`system:node:%s`, group `system:nodes`), allowed by deploy/node-discovery-rbac.yaml, with readyz the probe presenting it too; only cp1 static, the endpoint cache on\n", nodeName)
+	fmt.Fprintf(&b, "- Control plane: kube-apiserver and etcd %s built from source, 3 etcd members, one API server per node on its local member, `--authorization-mode Node,RBAC`, EndpointSlice watch cache off\n", controlplane.KubernetesVersion)
 	fmt.Fprintf(&b, "- Workload in w1 through 127.0.0.1:7445: GET /version on a fresh TLS connection every %s (timeout %s), 3 HTTP/2 ConfigMap watchers, one ConfigMap create every %s (timeout %s, new connection after a failure)\n",
 		shortEvery, shortTimeout, writeEvery, writeTimeout)
 	fmt.Fprintf(&b, "- Latencies are of successful short requests; a watch gap is how long a written object waited before a watcher received it; recovery is fault to the end of the last failure (— for no fault, 0 for nothing failed)\n\n")

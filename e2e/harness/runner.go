@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,12 +28,15 @@ var (
 	readyzRandom      = Mode{HealthCheck: "readyz", Selection: "random"}
 	readyzRandomCert  = Mode{HealthCheck: "readyz", Selection: "random", ProbeCert: true}
 	readyzLatency     = Mode{HealthCheck: "readyz", Selection: "latency"}
+	tcpRandomNode     = Mode{HealthCheck: "tcp", Selection: "random", Node: true}
+	readyzRandomNode  = Mode{HealthCheck: "readyz", Selection: "random", Node: true}
 	readyzLatencyCert = Mode{HealthCheck: "readyz", Selection: "latency", ProbeCert: true}
 )
 
 // DefaultRows are the scenarios in priority order, each in tcp mode and in
 // readyz mode, with latency selection where the upstream set changes under
-// load, and the faults once more as the chart runs the daemon by default.
+// load, the faults once more as the chart runs the daemon by default, and
+// the node-level instance on the kubelet's credentials (Mode.Node).
 // All API servers here are equally close, so latency selection is
 // expected to behave like random; its rows check that it does.
 func DefaultRows() []Row {
@@ -58,6 +62,10 @@ func DefaultRows() []Row {
 		{"quorum", chartDefaults},
 		{"restart", tcpRandom},
 		{"restart", readyzRandom},
+		{"membership", tcpRandomNode},
+		{"membership", readyzRandomNode},
+		{"rotation", readyzRandomNode},
+		{"forbidden", readyzRandomNode},
 	}
 }
 
@@ -186,6 +194,8 @@ type rowRun struct {
 
 	fault     time.Time // zero: no fault
 	lateAfter time.Time // short-request failures after this are late
+
+	nodeCertExpiry time.Time // Mode.Node: when the first node certificate expires
 }
 
 func (rr *rowRun) logf(format string, args ...any) {
@@ -218,8 +228,12 @@ func (rr *rowRun) settings() Settings {
 
 // scenario is one kind of row.
 type scenario struct {
-	// static endpoints; nil means the three control-plane nodes.
+	// static endpoints; nil means the three control-plane nodes (in
+	// Mode.Node, cp1 alone).
 	static func() []string
+	// nodeCertValidity is how long the first node certificate of a
+	// Mode.Node row is valid; zero means nodeCertValidity.
+	nodeCertValidity time.Duration
 	// act injects the fault and observes; it sets rr.fault and
 	// rr.lateAfter. Its error means the row could not run.
 	act func(rr *rowRun) error
@@ -249,6 +263,15 @@ func (rr *rowRun) run(sc scenario) error {
 	static := threeEndpoints()
 	if sc.static != nil {
 		static = sc.static()
+	}
+	if rr.row.Mode.Node {
+		// The kubelet's credentials, the RBAC and one static endpoint:
+		// the others come from discovery.
+		rr.nodeCertExpiry = time.Now().Add(cmp.Or(sc.nodeCertValidity, nodeCertValidity))
+		if err := rr.r.C.prepareNode(ctx, rr.nodeCertExpiry); err != nil {
+			return fmt.Errorf("node credentials: %w", err)
+		}
+		static = []string{APIAddr("cp1")}
 	}
 	if err := rr.startDaemon(ctx, static); err != nil {
 		return err

@@ -42,6 +42,8 @@ var scenarios = map[string]scenario{
 	"blackhole":  {act: actBlackHole, check: checkBlackHole},
 	"quorum":     {act: actQuorum, check: checkQuorum},
 	"restart":    {act: actRestart, check: checkRestart},
+	"rotation":   {act: actRotation, check: checkRotation, nodeCertValidity: rotationCertValidity},
+	"forbidden":  {act: actForbidden, check: checkForbidden},
 }
 
 // ScenarioDescriptions explain each scenario for the report.
@@ -62,6 +64,12 @@ var ScenarioDescriptions = map[string]string{
 		"quorum while its API server stays reachable.",
 	"restart": "The API servers on cp1 and cp2 are killed; once the daemon excluded them it is restarted, so " +
 		"it starts with two dead static endpoints out of three.",
+	"rotation": "The node's client certificate, which lives 45 s, is rotated (a new key pair, the symlink the " +
+		"kubeconfig names swapped as the kubelet does); after the old one expired, discovery's connection is cut " +
+		"(`ss -K`), so it must authenticate afresh; then cp4 joins and must be discovered.",
+	"forbidden": "The RoleBinding of deploy/node-discovery-rbac.yaml is deleted and the daemon restarted with only " +
+		"cp1 static and the endpoint cache of its first run; the API servers refuse its discovery with 403. After 15 s " +
+		"the RoleBinding returns.",
 }
 
 // failoverGrace is how long after a fault short requests may still fail:

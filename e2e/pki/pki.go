@@ -125,23 +125,51 @@ func (ca *CA) Client(name, user string, groups ...string) (Pair, error) {
 }
 
 func (ca *CA) issue(name string, tmpl *x509.Certificate) (Pair, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, key, err := ca.sign(name, tmpl, time.Now().Add(7*24*time.Hour))
 	if err != nil {
 		return Pair{}, err
-	}
-	tmpl.SerialNumber = serial()
-	tmpl.NotBefore = time.Now().Add(-time.Hour)
-	tmpl.NotAfter = time.Now().Add(7 * 24 * time.Hour)
-	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
-	if err != nil {
-		return Pair{}, fmt.Errorf("create certificate %s: %w", name, err)
 	}
 	p := Pair{Cert: filepath.Join(ca.Dir, name+".crt"), Key: filepath.Join(ca.Dir, name+".key")}
 	if err := os.WriteFile(p.Cert, pemBlock("CERTIFICATE", der), 0o644); err != nil {
 		return Pair{}, err
 	}
 	return p, writeKey(p.Key, key)
+}
+
+// sign signs tmpl, valid until notAfter, for a new key pair.
+func (ca *CA) sign(name string, tmpl *x509.Certificate, notAfter time.Time) ([]byte, crypto.Signer, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl.SerialNumber = serial()
+	tmpl.NotBefore = time.Now().Add(-time.Hour)
+	tmpl.NotAfter = notAfter
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create certificate %s: %w", name, err)
+	}
+	return der, key, nil
+}
+
+// NodeClient writes to path a node's client certificate as the kubelet
+// keeps it (kubelet-client-<time>.pem): user system:node:<node>, group
+// system:nodes, certificate and key in one file, valid until notAfter.
+func (ca *CA) NodeClient(path, node string, notAfter time.Time) error {
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, key, err := ca.sign(path, tmpl, notAfter)
+	if err != nil {
+		return err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(pemBlock("CERTIFICATE", der), pemBlock("PRIVATE KEY", keyDER)...), 0o600)
 }
 
 // ServiceAccountKeys writes an ECDSA P-256 key pair for signing
