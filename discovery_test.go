@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -617,11 +618,14 @@ func TestKubeInitialListRetried(t *testing.T) {
 // as usual, from a fresh backoff.
 func TestKubeCredentialsRetried(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex // guards attempts, appended by the provider's goroutine
 		var attempts []time.Time
 		h := startKubeWith(t, 0, func(w *kubeWatcher) {
 			client := w.client
 			w.client = nil
 			w.connect = func() (sliceClient, error) {
+				mu.Lock()
+				defer mu.Unlock()
 				attempts = append(attempts, time.Now())
 				if len(attempts) < 4 {
 					return nil, errors.New("open /etc/kubernetes/kubelet.conf: no such file or directory")
@@ -631,8 +635,11 @@ func TestKubeCredentialsRetried(t *testing.T) {
 		})
 		time.Sleep(6 * time.Second) // attempts at 0, 1 s, 3 s
 		synctest.Wait()
-		if len(attempts) != 3 {
-			t.Fatalf("attempts after 6 s: %d; want 3 (at 0, 1 s, 3 s)", len(attempts))
+		mu.Lock()
+		n, start := len(attempts), attempts[0]
+		mu.Unlock()
+		if n != 3 {
+			t.Fatalf("attempts after 6 s: %d; want 3 (at 0, 1 s, 3 s)", n)
 		}
 		if got := h.running(); got != 0 {
 			t.Errorf("discovery_running while the credentials do not load: %v; want 0", got)
@@ -644,7 +651,7 @@ func TestKubeCredentialsRetried(t *testing.T) {
 			t.Errorf("log: %s; want %s", h.logs.String(), want)
 		}
 		first := h.failList(errUnavailable) // the fourth attempt, at 7 s, loaded
-		if got, want := first.at.Sub(attempts[0]), 7*time.Second; got != want {
+		if got, want := first.at.Sub(start), 7*time.Second; got != want {
 			t.Errorf("first List at %v; want %v", got, want)
 		}
 		ok := h.answerList("1", kubeSlice("a", "1", "10.0.0.1"))
