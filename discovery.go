@@ -509,6 +509,7 @@ func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 	w.publishFn = publish
 	w.cache, w.resourceVersion, w.sent = nil, "", nil
 	w.backoff = watchBackoff{rand: w.rand}
+	defer w.closeIdle()
 	if !w.awaitClient(ctx) || !w.listUntilDone(ctx) {
 		return nil
 	}
@@ -519,7 +520,7 @@ func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 	for {
 		res := w.watchOnce(ctx, rewatch)
 		if ctx.Err() != nil {
-			return nil //nolint:nilerr // cancellation is shutdown, not a provider failure
+			return nil // cancellation is shutdown, not a provider failure
 		}
 		switch res.end {
 		case endError:
@@ -550,6 +551,15 @@ func (w *kubeWatcher) backOff(ctx context.Context) bool {
 	d := w.backoff.delay()
 	w.log.Info("backing off before the next endpointslice watch", "delay", d)
 	return await(ctx.Done(), d)
+}
+
+// closeIdle closes the client's idle connections once the provider stops:
+// made through the daemon's own listener, each is a proxied connection,
+// which a graceful stop (gracefulstop.go) would wait for.
+func (w *kubeWatcher) closeIdle() {
+	if c, ok := w.client.(interface{ dropIdle() }); ok {
+		c.dropIdle()
+	}
 }
 
 // awaitClient builds the client if the credentials did not load at start,

@@ -47,6 +47,15 @@ func listenHealth(ctx context.Context, addr string) (net.Listener, error) {
 	return lc.Listen(ctx, "tcp", addr) // an error names the address
 }
 
+// activatedHealthListener gives a listener the service manager opened the
+// deferred accept of listenHealth.
+func activatedHealthListener(ln *net.TCPListener) net.Listener {
+	if rc, err := ln.SyscallConn(); err == nil {
+		_ = setDeferAccept(rc, healthDeferAccept)
+	}
+	return ln
+}
+
 // dropBodies closes the connection of a request that comes with a body
 // right after the reply, without reading the body. No health endpoint reads
 // one, and net/http would otherwise read up to 256 KiB of it after the

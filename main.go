@@ -152,26 +152,67 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	for _, ig := range cfg.ignoredSettings() {
 		log.Warn("setting has no effect", "setting", flagRef(ig.flag), "because", ig.because)
 	}
-	lbLn, healthLn, err := listen(ctx, cfg)
+	passed, err := activatedListeners(getenv, listenFDsStart)
 	if err != nil {
 		return err
 	}
-	return newDaemon(cfg, log, lbLn.Addr().String(), hangups).run(ctx, lbLn, healthLn)
+	for _, ln := range passed {
+		log.Info("using the listening socket the service manager passed", "address", ln.Addr().String())
+	}
+	lbLn, healthLn, lbPassed, err := listen(ctx, cfg, passed)
+	if err != nil {
+		return err
+	}
+	d := newDaemon(cfg, log, lbLn.Addr().String(), hangups)
+	d.proxy.graceful = lbPassed
+	return d.run(ctx, lbLn, healthLn)
 }
 
-// listen opens the proxy's and the health server's listeners, so that a
-// bind error surfaces, naming its flags, before anything else starts.
-func listen(ctx context.Context, cfg *config) (lb, health net.Listener, err error) {
-	lb, err = listenTCP(ctx, net.JoinHostPort(cfg.BindAddress, strconv.Itoa(cfg.BindPort)))
+// listen opens the proxy's and the health server's listeners, or adopts
+// those among passed, the sockets the service manager passed
+// (socketactivation.go), so that a bind error surfaces, naming its flags,
+// before anything else starts. lbPassed reports that the proxy's listener
+// is one of passed. It closes passed on error.
+func listen(ctx context.Context, cfg *config, passed []*net.TCPListener) (lb, health net.Listener, lbPassed bool, err error) {
+	n := len(passed)
+	lb, err = openListener(ctx, &passed, cfg.BindAddress, cfg.BindPort, "load balancer", "--bind-address, --bind-port",
+		listenTCP, activatedProxyListener)
 	if err != nil {
-		return nil, nil, fmt.Errorf("load balancer listener (--bind-address, --bind-port): %w", err)
+		closeAll(passed)
+		return nil, nil, false, err
 	}
-	health, err = listenHealth(ctx, net.JoinHostPort(cfg.HealthBindAddress, strconv.Itoa(cfg.HealthPort)))
+	lbPassed = len(passed) < n
+	health, err = openListener(ctx, &passed, cfg.HealthBindAddress, cfg.HealthPort, "health server", "--health-bind-address, --health-port",
+		listenHealth, activatedHealthListener)
+	if err == nil && len(passed) > 0 {
+		_ = health.Close()
+		err = fmt.Errorf("the service manager passed a socket on %s, which is on neither --bind-port %d nor --health-port %d",
+			passed[0].Addr(), cfg.BindPort, cfg.HealthPort)
+	}
 	if err != nil {
 		_ = lb.Close()
-		return nil, nil, fmt.Errorf("health server listener (--health-bind-address, --health-port): %w", err)
+		closeAll(passed)
+		return nil, nil, false, err
 	}
-	return lb, health, nil
+	return lb, health, lbPassed, nil
+}
+
+// openListener takes the passed listener on port and adopts it, or opens
+// one on host:port.
+func openListener(ctx context.Context, passed *[]*net.TCPListener, host string, port int, what, flags string,
+	open func(context.Context, string) (net.Listener, error), adopt func(*net.TCPListener) net.Listener) (net.Listener, error) {
+	ln, ok, err := takeActivated(passed, host, port, flags)
+	switch {
+	case err != nil:
+		return nil, err
+	case ok:
+		return adopt(ln), nil
+	}
+	l, err := open(ctx, net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return nil, fmt.Errorf("%s listener (%s): %w", what, flags, err)
+	}
+	return l, nil
 }
 
 // daemon wires the parts together; run owns every goroutine it starts.
@@ -267,6 +308,12 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	d.loop(ctx, applied, toCache)
 	d.log.Info("shutting down", "cause", context.Cause(ctx).Error())
 	<-served // serve returns once ctx is done; no connection starts after it
+	if d.proxy.graceful {
+		start := time.Now()
+		n := d.proxy.closeAnswered(stopQuiet, stopWindow)
+		d.log.Info("closed the answered connections; the next process takes new ones from the passed socket",
+			"closed", n, "left", len(d.proxy.pool.conns()), "after", time.Since(start).Round(time.Millisecond))
+	}
 	err := d.proxy.shutdown()
 	d.pool.close()
 	wg.Wait()

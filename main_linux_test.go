@@ -22,6 +22,9 @@ import (
 // that TestDaemonSurvivesClosedStderr starts, one per line.
 const mainArgsEnv = "EP_TEST_MAIN_ARGS"
 
+// passFDsEnv tells that copy how many sockets it was passed.
+const passFDsEnv = "EP_TEST_PASSED_FDS"
+
 // mainChild is main running in a copy of the test binary; see startMain.
 type mainChild struct {
 	cmd        *exec.Cmd
@@ -30,12 +33,20 @@ type mainChild struct {
 	closeLogs  func() error
 	proxyAddr  string
 	healthAddr string
+	early      []string // log lines before the start-up line
 }
 
 // startMain runs main with args, plus listeners on free loopback ports and
 // no discovery, in a copy of the test binary that runs only the test t
 // (which must call runMainIfChild first), and waits for its start-up line.
 func startMain(t *testing.T, args ...string) *mainChild {
+	t.Helper()
+	return startMainPassing(t, nil, args...)
+}
+
+// startMainPassing is startMain with passed as the child's listening
+// sockets from 3 up, with the LISTEN_* variables a service manager sets.
+func startMainPassing(t *testing.T, passed []*os.File, args ...string) *mainChild {
 	t.Helper()
 	bindPort, healthPort := freePort(t), freePort(t)
 	args = append([]string{"--enable-discovery=false", "--log-level", "debug",
@@ -48,6 +59,10 @@ func startMain(t *testing.T, args ...string) *mainChild {
 	}
 	mc.cmd = exec.CommandContext(ctx, os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.v")
 	mc.cmd.Env = append(os.Environ(), mainArgsEnv+"="+strings.Join(args, "\n"))
+	if len(passed) > 0 {
+		mc.cmd.ExtraFiles = passed
+		mc.cmd.Env = append(mc.cmd.Env, passFDsEnv+"="+strconv.Itoa(len(passed)))
+	}
 	mc.cmd.Stdout = &mc.stdout
 	logs, err := mc.cmd.StderrPipe()
 	if err != nil {
@@ -57,14 +72,22 @@ func startMain(t *testing.T, args ...string) *mainChild {
 	if err := mc.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	first, err := mc.logs.ReadString('\n')
-	if err != nil {
-		t.Fatalf("first log line: %v", err)
+	// The start-up line, after what comes before it: warnings of ignored
+	// settings, the sockets passed.
+	var before []string
+	for len(before) < 5 {
+		line, err := mc.logs.ReadString('\n')
+		if err != nil {
+			t.Fatalf("log line %d: %v; before it: %q", len(before)+1, err, before)
+		}
+		if strings.Contains(line, `"msg":"starting"`) {
+			mc.early = before
+			return mc
+		}
+		before = append(before, line)
 	}
-	if !strings.Contains(first, `"msg":"starting"`) {
-		t.Fatalf("first log line: got %q; want the start-up line", first)
-	}
-	return mc
+	t.Fatalf("no start-up line in the first log lines %q", before)
+	return nil
 }
 
 // logSeen returns a channel closed once the child logs a line containing
@@ -122,6 +145,12 @@ func runMainIfChild() bool {
 	args := os.Getenv(mainArgsEnv)
 	if args == "" {
 		return false
+	}
+	// As a service manager does between fork and exec: LISTEN_PID names
+	// the process the sockets are for, known only once it runs.
+	if n := os.Getenv(passFDsEnv); n != "" {
+		_ = os.Setenv("LISTEN_FDS", n)
+		_ = os.Setenv("LISTEN_PID", strconv.Itoa(os.Getpid()))
 	}
 	os.Args = append([]string{"extractedprism"}, strings.Split(args, "\n")...)
 	main()

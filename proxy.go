@@ -58,6 +58,13 @@ type proxy struct {
 	dial        dialFunc
 	dialTimeout time.Duration
 	hedge       bool // start a second dial when the first is slow
+	// graceful: the listening socket outlives the process, so connections
+	// outlive serve until shutdown, which closes answered ones first
+	// (gracefulstop.go). Set before serve.
+	graceful bool
+	// stopConns ends the handlers' context when graceful: serve sets it,
+	// shutdown calls it.
+	stopConns context.CancelFunc
 
 	// slots bounds the proxied connections (see limits.go). The accept
 	// loop takes one for each client before it accepts the next, so at the
@@ -111,13 +118,41 @@ func upstreamControl(log *slog.Logger) func(network, address string, rc syscall.
 // buffer from the listening socket's.
 func listenTCP(ctx context.Context, addr string) (net.Listener, error) {
 	lc := net.ListenConfig{
-		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9},
+		KeepAliveConfig: clientKeepAlive(),
 		Control: func(_, _ string, rc syscall.RawConn) error {
 			_ = setRcvBuf(rc, sockRcvBuf) // best effort, as on the upstream sockets
 			return nil
 		},
 	}
 	return lc.Listen(ctx, "tcp", addr) // an error names the address
+}
+
+// clientKeepAlive is the spec's keepalive for accepted connections.
+func clientKeepAlive() net.KeepAliveConfig {
+	return net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9}
+}
+
+// activatedProxyListener gives a listener the service manager opened what
+// listenTCP gives its own: the receive buffer, and the keepalive settings
+// on every accepted connection, which a listener made from a descriptor
+// does not apply.
+func activatedProxyListener(ln *net.TCPListener) net.Listener {
+	if rc, err := ln.SyscallConn(); err == nil {
+		_ = setRcvBuf(rc, sockRcvBuf)
+	}
+	return keepAliveListener{ln}
+}
+
+// keepAliveListener sets the spec's keepalive on each connection it accepts.
+type keepAliveListener struct{ *net.TCPListener }
+
+func (l keepAliveListener) Accept() (net.Conn, error) {
+	c, err := l.AcceptTCP()
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetKeepAliveConfig(clientKeepAlive())
+	return c, nil
 }
 
 // serve accepts connections on ln until ctx is done. It survives every
@@ -127,6 +162,12 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	p.wg.Go(func() { p.reapIdle(ctx) })
+	// A client accepted just before the stop must not lose its dial with
+	// it when the stop is graceful.
+	connCtx := ctx
+	if p.graceful {
+		connCtx, p.stopConns = context.WithCancel(context.WithoutCancel(ctx))
+	}
 	var backoff time.Duration
 	for {
 		c, err := ln.Accept()
@@ -139,7 +180,7 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 				_ = c.Close()
 				return
 			}
-			p.wg.Go(func() { p.handle(ctx, c) }) // handle gives the slot back
+			p.wg.Go(func() { p.handle(connCtx, c) }) // handle gives the slot back
 		case ctx.Err() != nil || errors.Is(err, net.ErrClosed):
 			return
 		case backoff != 0 && errors.Is(err, os.ErrDeadlineExceeded):
@@ -368,6 +409,9 @@ func tearDown(pc *proxyConn) {
 // shutdown force-closes every proxied connection and waits up to
 // shutdownTimeout for the handlers. serve must have returned.
 func (p *proxy) shutdown() error {
+	if p.stopConns != nil {
+		p.stopConns() // before closing: a handler still dialling then ends at its check
+	}
 	p.pool.closeConns()
 	if !waitShutdown(p.wg.Wait) {
 		return fmt.Errorf("proxy goroutines still running after %s", shutdownTimeout)

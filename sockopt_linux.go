@@ -106,6 +106,24 @@ func stalledInfo(ti *unix.TCPInfo) time.Duration {
 	return time.Duration(ti.Last_ack_recv) * time.Millisecond
 }
 
+// answeredFor is how long c has carried no data either way, when the last
+// the peer sent came before c's last data to it or as a reaction to it:
+// zero if the peer spoke since, or never, or c is closed or has no
+// TCP_INFO. A reaction comes within replyLagMillis: an HTTP/2 client
+// acknowledges data with a WINDOW_UPDATE at once, a new request comes
+// later.
+func answeredFor(c net.Conn) time.Duration {
+	ti, ok := tcpInfo(c)
+	if !ok || ti.State == unix.BPF_TCP_CLOSE || ti.Bytes_received == 0 || ti.Last_data_recv+replyLagMillis < ti.Last_data_sent {
+		return 0
+	}
+	return time.Duration(min(ti.Last_data_recv, ti.Last_data_sent)) * time.Millisecond
+}
+
+// replyLagMillis is how soon after data a peer's data counts as its
+// reaction to it, in TCP_INFO's milliseconds.
+const replyLagMillis = 10
+
 // quietFor returns how long c has carried no data either way, and whether
 // its peer ever sent any; false if c is closed or has no TCP_INFO. A socket
 // that has carried nothing counts from its handshake, also while it waited

@@ -9,6 +9,7 @@ package test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -20,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,13 +74,48 @@ func TestSystemdUnitVerifies(t *testing.T) {
 		t.Fatalf("%v", err)
 	}
 	text = strings.Replace(text, unitEnvFile, "EnvironmentFile="+envPath, 1)
-	path := filepath.Join(t.TempDir(), "extractedprism.service")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "extractedprism.service")
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatalf("%v", err)
 	}
-	out, err := exec.Command(analyze, "verify", path).CombinedOutput()
+	socket, err := os.ReadFile(filepath.Join(systemdDir, "extractedprism.socket"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	socketPath := filepath.Join(dir, "extractedprism.socket")
+	if err := os.WriteFile(socketPath, socket, 0o600); err != nil {
+		t.Fatalf("%v", err)
+	}
+	out, err := exec.Command(analyze, "verify", path, socketPath).CombinedOutput()
 	if err != nil || len(bytes.TrimSpace(out)) > 0 {
 		t.Errorf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// TestSystemdSocketMatchesSettings checks that extractedprism.socket
+// listens where the example's settings put the proxy and the health
+// server, in that order: the daemon refuses a socket they do not describe.
+func TestSystemdSocketMatchesSettings(t *testing.T) {
+	unit, err := os.ReadFile(filepath.Join(systemdDir, "extractedprism.socket"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	var listen []string
+	for line := range strings.SplitSeq(string(unit), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "ListenStream="); ok {
+			listen = append(listen, v)
+		}
+	}
+	env := systemdEnv(t)
+	or := func(name, def string) string { return cmp.Or(env[name], def) }
+	bind := or("EP_BIND_ADDRESS", "127.0.0.1")
+	want := []string{net.JoinHostPort(bind, or("EP_BIND_PORT", "7445")), net.JoinHostPort(or("EP_HEALTH_BIND_ADDRESS", bind), or("EP_HEALTH_PORT", "7446"))}
+	if !slices.Equal(listen, want) {
+		t.Errorf("ListenStream= %q; want %q, the proxy's and the health server's addresses", listen, want)
+	}
+	if service := unitSettings(t); service["Requires"] != "extractedprism.socket" {
+		t.Errorf("the service has Requires=%q; want extractedprism.socket", service["Requires"])
 	}
 }
 
@@ -164,6 +201,7 @@ func TestSystemdExampleRunsWithoutCapabilities(t *testing.T) {
 		t.Skip("needs root, as the unit runs the daemon")
 	}
 	setpriv := requireTool(t, "setpriv")
+	activate := requireTool(t, "systemd-socket-activate")
 	unit := unitSettings(t)
 	if unit["CapabilityBoundingSet"] != "" || unit["NoNewPrivileges"] != "yes" || unit["User"] != "" {
 		t.Fatalf("the unit no longer runs the daemon as root without capabilities (CapabilityBoundingSet=%q NoNewPrivileges=%q User=%q); change this test with it",
@@ -207,11 +245,18 @@ func TestSystemdExampleRunsWithoutCapabilities(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, setpriv, "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--", daemonBinary(t))
-	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	// The sockets come from systemd-socket-activate, as from
+	// extractedprism.socket: it opens them and execs setpriv, which execs
+	// the daemon, one process throughout, as LISTEN_PID wants.
+	// It hands the daemon only the variables given with --setenv.
+	args := []string{"--listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(bindPort)),
+		"--listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(healthPort)), "--fdname", "extractedprism:extractedprism"}
 	for name, value := range env {
-		cmd.Env = append(cmd.Env, name+"="+value)
+		args = append(args, "--setenv", name+"="+value)
 	}
+	args = append(args, setpriv, "--no-new-privs", "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--", daemonBinary(t))
+	cmd := exec.CommandContext(ctx, activate, args...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	var logs lockedBuffer
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
@@ -247,6 +292,9 @@ func TestSystemdExampleRunsWithoutCapabilities(t *testing.T) {
 	})
 	if out := logs.String(); strings.Contains(out, "permission denied") {
 		t.Errorf("the daemon met a permission error:\n%s", out)
+	}
+	if n := strings.Count(logs.String(), "using the listening socket the service manager passed"); n != 2 {
+		t.Errorf("the daemon used %d passed sockets; want 2, the proxy's and the health server's:\n%s", n, logs.String())
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
