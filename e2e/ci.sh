@@ -37,6 +37,7 @@ ip netns del "$probe"
 missing=()
 command -v ip >/dev/null && command -v ss >/dev/null || missing+=(iproute2)
 command -v nft >/dev/null || missing+=(nftables)
+command -v systemd-socket-activate >/dev/null || missing+=(systemd) # the lb-restart rows
 if [ ${#missing[@]} -gt 0 ]; then
 	echo "e2e: installing ${missing[*]}"
 	apt-get update -qq

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -85,10 +86,11 @@ var ErrNotBuilt = errors.New("mode not built")
 
 // Daemon is one extractedprism process running in w1.
 type Daemon struct {
-	LogPath string
-	proc    *proc.Process
-	client  *http.Client // for the health server, dialled from w1
-	started time.Time
+	LogPath   string
+	proc      *proc.Process // with Activated, the socket holder
+	activated bool
+	client    *http.Client // for the health server, dialled from w1
+	started   time.Time
 }
 
 // DaemonConfig is everything one daemon start needs.
@@ -103,6 +105,9 @@ type DaemonConfig struct {
 	NoDiscovery          bool
 	// TokenFile is the readyz probe's bearer token (Mode.Chart).
 	TokenFile string
+	// Activated runs the daemon with its listening sockets from socket
+	// activation, restarted whenever it exits (activation.go).
+	Activated bool
 }
 
 // BuildDaemon builds extractedprism from the module at src into dir and
@@ -177,6 +182,16 @@ func (c *Cluster) daemonArgs(cfg DaemonConfig) []string {
 	return args
 }
 
+// daemonCommand is the daemon's command line, under the socket holder
+// with Activated.
+func (c *Cluster) daemonCommand(cfg DaemonConfig) []string {
+	args := c.daemonArgs(cfg)
+	if cfg.Activated {
+		args = activatedArgv(args, cmp.Or(cfg.BindPort, 7445), cmp.Or(cfg.HealthPort, 7446))
+	}
+	return args
+}
+
 // daemonKubeconfig writes (once) the discovery credentials. The server
 // address is deliberately unreachable: extractedprism replaces it with its
 // own listener.
@@ -232,8 +247,7 @@ func (c *Cluster) StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, e
 		}
 		cfg.TokenFile = path
 	}
-	argv := append(c.W1.Command(), c.daemonArgs(cfg)...)
-	p, err := proc.Start("extractedprism", cfg.LogPath, argv, nil)
+	p, err := proc.Start("extractedprism", cfg.LogPath, append(c.W1.Command(), c.daemonCommand(cfg)...), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -242,8 +256,9 @@ func (c *Cluster) StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, e
 		healthPort = 7446
 	}
 	d := &Daemon{
-		LogPath: cfg.LogPath,
-		proc:    p,
+		LogPath:   cfg.LogPath,
+		proc:      p,
+		activated: cfg.Activated,
 		client: &http.Client{
 			Transport: &http.Transport{DialContext: c.W1.DialContext, DisableKeepAlives: true},
 			Timeout:   3 * time.Second,
@@ -311,12 +326,21 @@ func (c *Cluster) ProbeMode(ctx context.Context, binary string, mode Mode, logPa
 	return d.Stop()
 }
 
-// Pid is the daemon's process id (the process runs inside w1).
-func (d *Daemon) Pid() int { return d.proc.Pid() }
+// Pid is the daemon's process id (the process runs inside w1); with
+// Activated, the current one, 0 between a stop and the next start.
+func (d *Daemon) Pid() int {
+	if d.activated {
+		return d.daemonChild()
+	}
+	return d.proc.Pid()
+}
 
 // Stop sends SIGTERM and waits; the daemon promises to exit within about
 // 10 s (5 s for connections, 5 s for the health server).
 func (d *Daemon) Stop() error {
+	if d.activated {
+		return d.stopActivated()
+	}
 	return d.proc.Stop(20 * time.Second)
 }
 

@@ -66,6 +66,8 @@ func DefaultRows() []Row {
 		{"membership", readyzRandomNode},
 		{"rotation", readyzRandomNode},
 		{"forbidden", readyzRandomNode},
+		{"lb-restart", tcpRandom},
+		{"lb-restart", readyzRandom},
 	}
 }
 
@@ -234,6 +236,8 @@ type scenario struct {
 	// nodeCertValidity is how long the first node certificate of a
 	// Mode.Node row is valid; zero means nodeCertValidity.
 	nodeCertValidity time.Duration
+	// activated runs the daemon under socket activation (activation.go).
+	activated bool
 	// act injects the fault and observes; it sets rr.fault and
 	// rr.lateAfter. Its error means the row could not run.
 	act func(rr *rowRun) error
@@ -260,20 +264,11 @@ func (rr *rowRun) run(sc scenario) error {
 	if err != nil {
 		return fmt.Errorf("restore the cluster: %w", err)
 	}
-	static := threeEndpoints()
-	if sc.static != nil {
-		static = sc.static()
+	static, err := rr.staticEndpoints(ctx, sc)
+	if err != nil {
+		return err
 	}
-	if rr.row.Mode.Node {
-		// The kubelet's credentials, the RBAC and one static endpoint:
-		// the others come from discovery.
-		rr.nodeCertExpiry = time.Now().Add(cmp.Or(sc.nodeCertValidity, nodeCertValidity))
-		if err := rr.r.C.prepareNode(ctx, rr.nodeCertExpiry); err != nil {
-			return fmt.Errorf("node credentials: %w", err)
-		}
-		static = []string{APIAddr("cp1")}
-	}
-	if err := rr.startDaemon(ctx, static); err != nil {
+	if err := rr.startDaemon(ctx, static, sc.activated); err != nil {
 		return err
 	}
 	defer func() {
@@ -312,12 +307,29 @@ func (rr *rowRun) run(sc scenario) error {
 	return nil
 }
 
+// staticEndpoints are the row's static endpoints. In Mode.Node they are
+// cp1 alone, with the kubelet's credentials and the RBAC prepared: the
+// others come from discovery.
+func (rr *rowRun) staticEndpoints(ctx context.Context, sc scenario) ([]string, error) {
+	if rr.row.Mode.Node {
+		rr.nodeCertExpiry = time.Now().Add(cmp.Or(sc.nodeCertValidity, nodeCertValidity))
+		if err := rr.r.C.prepareNode(ctx, rr.nodeCertExpiry); err != nil {
+			return nil, fmt.Errorf("node credentials: %w", err)
+		}
+		return []string{APIAddr("cp1")}, nil
+	}
+	if sc.static != nil {
+		return sc.static(), nil
+	}
+	return threeEndpoints(), nil
+}
+
 // startDaemon starts extractedprism and waits until it is ready, its
 // discovery has listed the three API servers and it knows exactly three
 // upstreams; then it notes the discovery connection.
-func (rr *rowRun) startDaemon(ctx context.Context, static []string) error {
+func (rr *rowRun) startDaemon(ctx context.Context, static []string, activated bool) error {
 	d, err := rr.r.C.StartDaemon(ctx, DaemonConfig{
-		Binary: rr.r.Binary, Mode: rr.row.Mode, Settings: rr.settings(), Endpoints: static, LogPath: rr.logPath,
+		Binary: rr.r.Binary, Mode: rr.row.Mode, Settings: rr.settings(), Endpoints: static, LogPath: rr.logPath, Activated: activated,
 	})
 	if err != nil {
 		return err

@@ -44,6 +44,7 @@ var scenarios = map[string]scenario{
 	"restart":    {act: actRestart, check: checkRestart},
 	"rotation":   {act: actRotation, check: checkRotation, nodeCertValidity: rotationCertValidity},
 	"forbidden":  {act: actForbidden, check: checkForbidden},
+	"lb-restart": {act: actLBRestart, check: checkLBRestart, activated: true},
 }
 
 // ScenarioDescriptions explain each scenario for the report.
@@ -67,6 +68,9 @@ var ScenarioDescriptions = map[string]string{
 	"rotation": "The node's client certificate, which lives 45 s, is rotated (a new key pair, the symlink the " +
 		"kubeconfig names swapped as the kubelet does); after the old one expired, discovery's connection is cut " +
 		"(`ss -K`), so it must authenticate afresh; then cp4 joins and must be discovered.",
+	"lb-restart": "The daemon runs under socket activation (systemd-socket-activate holds its listening sockets " +
+		"and starts it again whenever it exits, as systemd with extractedprism.socket does); it gets SIGTERM, " +
+		"as from `systemctl restart`.",
 	"forbidden": "The RoleBinding of deploy/node-discovery-rbac.yaml is deleted and the daemon restarted with only " +
 		"cp1 static and the endpoint cache of its first run; the API servers refuse its discovery with 403. After 15 s " +
 		"the RoleBinding returns.",

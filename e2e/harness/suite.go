@@ -43,9 +43,9 @@ func Preflight() error {
 	if err := netns.Available(); err != nil {
 		return err
 	}
-	for _, tool := range []string{"nft", "ss"} {
+	for _, tool := range []string{"nft", "ss", "systemd-socket-activate"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("%s is missing (apt-get install nftables iproute2)", tool)
+			return fmt.Errorf("%s is missing (apt-get install nftables iproute2 systemd)", tool)
 		}
 	}
 	_, err := controlplane.DefaultBinaries()
