@@ -33,20 +33,13 @@ func activatedArgv(args []string, bindPort, healthPort int) []string {
 // one child; 0 while none runs (between a stop and the next start).
 func (d *Daemon) daemonChild() int {
 	holder := d.proc.Pid()
-	paths, _ := filepath.Glob("/proc/[0-9]*/stat")
+	paths, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range paths {
-		b, err := os.ReadFile(p)
+		pid, err := strconv.Atoi(filepath.Base(p))
 		if err != nil {
 			continue
 		}
-		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
-		i := strings.LastIndexByte(string(b), ')')
-		f := strings.Fields(string(b[i+1:]))
-		if i < 0 || len(f) < 2 || f[0] == "Z" {
-			continue
-		}
-		if ppid, _ := strconv.Atoi(f[1]); ppid == holder {
-			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if running, ppid := procStat(pid); running && ppid == holder {
 			return pid
 		}
 	}
@@ -77,11 +70,21 @@ func (d *Daemon) stopActivated() error {
 
 // processRunning reports whether pid exists and is not a zombie.
 func processRunning(pid int) bool {
+	running, _ := procStat(pid)
+	return running
+}
+
+// procStat reads whether pid runs (exists, not a zombie) and its parent.
+func procStat(pid int) (running bool, ppid int) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return false
+		return false, 0
 	}
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	return i >= 0 && len(f) > 0 && f[0] != "Z"
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 2 {
+		return false, 0
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	return f[0] != "Z", ppid
 }
