@@ -248,9 +248,30 @@ it (extractedprism check, run by the hook). extraEnv comes last.
   value: {{ .Values.readyz.serviceAccountToken.path | quote }}
 {{- end }}
 {{- end }}
+{{- if .Values.handover.enabled }}
+- name: EP_HANDOVER_SOCKET
+  value: {{ include "extractedprism.handoverSocket" . | quote }}
+{{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/*
+The hand-over socket, in handover.hostPath, named after the release so
+that releases sharing the directory do not take each other's sockets,
+which are on other ports (the daemon refuses them).
+*/}}
+{{- define "extractedprism.handoverSocket" -}}
+{{ .Values.handover.hostPath }}/{{ include "extractedprism.fullname" . }}.sock
+{{- end -}}
+
+{{/*
+"true" when rollouts surge: a new pod starts beside the old one and
+takes over its sockets.
+*/}}
+{{- define "extractedprism.surge" -}}
+{{- if and .Values.handover.enabled .Values.handover.surge }}true{{ else }}false{{ end -}}
 {{- end -}}
 
 {{/*
@@ -264,6 +285,9 @@ Each failure says what to do.
 {{- end -}}
 {{- if and .Values.metrics.podMonitor.enabled (not .Values.metrics.expose) -}}
 {{- fail "metrics.podMonitor.enabled needs metrics.expose=true: Prometheus cannot scrape a health server bound to loopback" -}}
+{{- end -}}
+{{- if and (eq (include "extractedprism.surge" .) "true") .Values.metrics.expose -}}
+{{- fail "metrics.expose declares the health port, a host port under hostNetwork, and the scheduler puts no second pod with it on a node, so a surging rollout would never start its new pods (kubernetes/kubernetes#106417): set handover.surge=false or handover.enabled=false with metrics.expose" -}}
 {{- end -}}
 {{- if and (eq .Values.healthCheck "readyz") (eq .Values.readyz.credentials "clientCertificate") (not (dig "clientCertificate" "secretName" "" .Values.readyz)) -}}
 {{- fail "readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName: the Secret of type kubernetes.io/tls that holds the certificate and key" -}}
