@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
@@ -41,7 +42,9 @@ func TestHelmLint(t *testing.T) {
 			"readyz":      map[string]any{"credentials": "kubeletCertificate"},
 			"metrics":     map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true}},
 			"discovery":   map[string]any{"nodeRBAC": true},
+			"handover":    map[string]any{"surge": false},
 		}),
+		withEndpoints(map[string]any{"handover": map[string]any{"enabled": false}}),
 	} {
 		if out, err := runHelm(t, "lint", "--strict", chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion, "--values", valuesFile(t, values)); err != nil {
 			t.Errorf("helm lint with %v: %v", values, err)
@@ -112,6 +115,8 @@ func templateCases(appVersion string) []templateCase {
 					"EP_HEALTH_CHECK_CA_FILE":     serviceAccountDir + "/ca.crt",
 					"EP_HEALTH_CHECK_SERVER_NAME": "kubernetes.default.svc",
 					"EP_HEALTH_CHECK_TOKEN_FILE":  serviceAccountDir + "/token",
+					// The release's socket in the default directory.
+					"EP_HANDOVER_SOCKET": "/run/extractedprism/" + releaseName + ".sock",
 				}
 				if got := envValues(t, c); !maps.Equal(got, wantEnv) {
 					t.Errorf("env = %v; want %v", got, wantEnv)
@@ -137,13 +142,12 @@ func templateCases(appVersion string) []templateCase {
 				if len(c.Ports) != 0 {
 					t.Errorf("ports = %v; want none while the health server is on loopback", c.Ports)
 				}
-				if len(pod.Volumes) != 0 || len(c.VolumeMounts) != 0 {
-					t.Errorf("volumes %v, mounts %v; want none", pod.Volumes, c.VolumeMounts)
+				// The hand-over directory only (checkHandover checks it).
+				if len(ownVolumes(pod)) != 0 || len(ownMounts(c)) != 0 {
+					t.Errorf("volumes %v, mounts %v; want the hand-over directory's only", pod.Volumes, c.VolumeMounts)
 				}
+				checkSurge(t, m)
 				checkResources(t, c)
-				if want := intstr.FromInt32(1); *m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable != want {
-					t.Errorf("maxUnavailable = %v; want 1", m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable)
-				}
 				// A pod that goes ready and then stops serving must be seen
 				// before the rollout moves on: failureThreshold probes a
 				// period apart, the last one timing out.
@@ -247,13 +251,15 @@ func templateCases(appVersion string) []templateCase {
 				if got, want := envValues(t, c)["EP_ENDPOINT_CACHE_FILE"], "/var/lib/extractedprism/endpoints.json"; got != want {
 					t.Errorf("EP_ENDPOINT_CACHE_FILE = %q; want %q", got, want)
 				}
-				if len(pod.Volumes) != 1 || pod.Volumes[0].HostPath == nil || pod.Volumes[0].HostPath.Path != "/var/lib/extractedprism" ||
-					pod.Volumes[0].HostPath.Type == nil || *pod.Volumes[0].HostPath.Type != corev1.HostPathDirectoryOrCreate {
-					t.Errorf("volumes = %v; want hostPath /var/lib/extractedprism, DirectoryOrCreate", pod.Volumes)
+				vols := ownVolumes(pod)
+				if len(vols) != 1 || vols[0].HostPath == nil || vols[0].HostPath.Path != "/var/lib/extractedprism" ||
+					vols[0].HostPath.Type == nil || *vols[0].HostPath.Type != corev1.HostPathDirectoryOrCreate {
+					t.Errorf("volumes = %v; want hostPath /var/lib/extractedprism, DirectoryOrCreate", vols)
 				}
 				// The daemon writes the file, so this one mount is writable.
-				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/var/lib/extractedprism" || c.VolumeMounts[0].ReadOnly {
-					t.Errorf("mounts = %v; want /var/lib/extractedprism read-write", c.VolumeMounts)
+				mounts := ownMounts(c)
+				if len(mounts) != 1 || mounts[0].MountPath != "/var/lib/extractedprism" || mounts[0].ReadOnly {
+					t.Errorf("mounts = %v; want /var/lib/extractedprism read-write", mounts)
 				}
 			},
 		},
@@ -264,8 +270,9 @@ func templateCases(appVersion string) []templateCase {
 			}),
 			check: func(t *testing.T, m *manifest) {
 				pod := m.DaemonSet.Spec.Template.Spec
-				if len(pod.Volumes) != 1 || pod.Volumes[0].EmptyDir == nil {
-					t.Errorf("volumes = %v; want one emptyDir", pod.Volumes)
+				vols := ownVolumes(pod)
+				if len(vols) != 1 || vols[0].EmptyDir == nil {
+					t.Errorf("volumes = %v; want one emptyDir", vols)
 				}
 				if envValues(t, container(t, m))["EP_ENDPOINT_CACHE_FILE"] == "" {
 					t.Error("EP_ENDPOINT_CACHE_FILE is not set")
@@ -286,15 +293,17 @@ func templateCases(appVersion string) []templateCase {
 				if env["EP_HEALTH_CHECK_CERT_FILE"] != dir+"/tls.crt" || env["EP_HEALTH_CHECK_KEY_FILE"] != dir+"/tls.key" {
 					t.Errorf("cert %q, key %q; want the Secret's tls.crt and tls.key under %s", env["EP_HEALTH_CHECK_CERT_FILE"], env["EP_HEALTH_CHECK_KEY_FILE"], dir)
 				}
-				if len(pod.Volumes) != 1 || pod.Volumes[0].Secret == nil || pod.Volumes[0].Secret.SecretName != "ep-readyz.client" {
-					t.Fatalf("volumes = %v; want the Secret ep-readyz.client", pod.Volumes)
+				vols := ownVolumes(pod)
+				if len(vols) != 1 || vols[0].Secret == nil || vols[0].Secret.SecretName != "ep-readyz.client" {
+					t.Fatalf("volumes = %v; want the Secret ep-readyz.client", vols)
 				}
 				// The files are root's; the daemon, UID 65534, must read them.
-				if mode := pod.Volumes[0].Secret.DefaultMode; mode == nil || *mode&0o004 == 0 {
+				if mode := vols[0].Secret.DefaultMode; mode == nil || *mode&0o004 == 0 {
 					t.Errorf("defaultMode = %s; want the files readable by UID 65534", show(mode))
 				}
-				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != pod.Volumes[0].Name || c.VolumeMounts[0].MountPath != dir || !c.VolumeMounts[0].ReadOnly {
-					t.Errorf("mounts = %v; want the Secret read-only at %s", c.VolumeMounts, dir)
+				mounts := ownMounts(c)
+				if len(mounts) != 1 || mounts[0].Name != vols[0].Name || mounts[0].MountPath != dir || !mounts[0].ReadOnly {
+					t.Errorf("mounts = %v; want the Secret read-only at %s", mounts, dir)
 				}
 				if uid := c.SecurityContext.RunAsUser; uid == nil || *uid != nobody {
 					t.Errorf("container runs as %s; want %d: a Secret needs no root", show(uid), nobody)
@@ -329,16 +338,18 @@ func templateCases(appVersion string) []templateCase {
 				// symlink on rotation, and a file mount would pin the old
 				// certificate.
 				const dir = "/var/lib/kubelet/pki"
-				if len(pod.Volumes) != 1 || pod.Volumes[0].HostPath == nil {
-					t.Fatalf("volumes = %v; want one hostPath", pod.Volumes)
+				vols := ownVolumes(pod)
+				if len(vols) != 1 || vols[0].HostPath == nil {
+					t.Fatalf("volumes = %v; want one hostPath", vols)
 				}
-				hp := pod.Volumes[0].HostPath
+				hp := vols[0].HostPath
 				if hp.Path != dir || hp.Type == nil || *hp.Type != corev1.HostPathDirectory {
 					t.Errorf("hostPath = %v; want directory %s", hp, dir)
 				}
-				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != pod.Volumes[0].Name ||
-					c.VolumeMounts[0].MountPath != dir || !c.VolumeMounts[0].ReadOnly {
-					t.Errorf("mounts = %v; want %s read-only at %s", c.VolumeMounts, pod.Volumes[0].Name, dir)
+				mounts := ownMounts(c)
+				if len(mounts) != 1 || mounts[0].Name != vols[0].Name ||
+					mounts[0].MountPath != dir || !mounts[0].ReadOnly {
+					t.Errorf("mounts = %v; want %s read-only at %s", mounts, vols[0].Name, dir)
 				}
 				// The key is root's, mode 0600: UID 0, and still nothing
 				// else (checkInvariants covers capabilities and the rest).
@@ -356,6 +367,11 @@ func templateCases(appVersion string) []templateCase {
 				}
 				if !boolValue(pod.AutomountServiceAccountToken) {
 					t.Error("the service-account CA is the readyz CA but the volume is not mounted")
+				}
+				// The hand-over directory becomes root's too: a root daemon
+				// refuses one an earlier release left owned by 65534.
+				if ics := pod.InitContainers; len(ics) != 1 || len(ics[0].Args) != 6 || ics[0].Args[2] != "0" || ics[0].Args[4] != "0" {
+					t.Errorf("init containers %v; want handover-dir --uid 0 --gid 0", ics)
 				}
 			},
 		},
@@ -385,8 +401,9 @@ func templateCases(appVersion string) []templateCase {
 				if !boolValue(pod.AutomountServiceAccountToken) {
 					t.Error("the token is the readyz credential but the volume is not mounted")
 				}
-				if len(pod.Volumes) != 0 {
-					t.Errorf("volumes = %v; want none", pod.Volumes)
+				vols := ownVolumes(pod)
+				if len(vols) != 0 {
+					t.Errorf("volumes = %v; want none", vols)
 				}
 				if len(m.Roles) != 0 {
 					t.Errorf("%d Roles with discovery off; the token needs none to GET /readyz", len(m.Roles))
@@ -412,11 +429,13 @@ func templateCases(appVersion string) []templateCase {
 				if boolValue(pod.AutomountServiceAccountToken) {
 					t.Error("the service-account token is mounted although neither discovery nor readyz reads it")
 				}
-				if len(pod.Volumes) != 1 || pod.Volumes[0].ConfigMap == nil || pod.Volumes[0].ConfigMap.Name != "api-ca" {
-					t.Errorf("volumes = %v; want the extra configMap volume", pod.Volumes)
+				vols := ownVolumes(pod)
+				if len(vols) != 1 || vols[0].ConfigMap == nil || vols[0].ConfigMap.Name != "api-ca" {
+					t.Errorf("volumes = %v; want the extra configMap volume", vols)
 				}
-				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/extractedprism" {
-					t.Errorf("mounts = %v; want the extra mount", c.VolumeMounts)
+				mounts := ownMounts(c)
+				if len(mounts) != 1 || mounts[0].MountPath != "/etc/extractedprism" {
+					t.Errorf("mounts = %v; want the extra mount", mounts)
 				}
 			},
 		},
@@ -427,8 +446,12 @@ func templateCases(appVersion string) []templateCase {
 					"expose":     true,
 					"podMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "prometheus"}},
 				},
+				// The declared port is a host port: no surge pod beside
+				// the old one.
+				"handover": map[string]any{"surge": false},
 			}),
 			check: func(t *testing.T, m *manifest) {
+				checkNoSurge(t, m, intstr.FromInt32(1))
 				c := container(t, m)
 				var bind *corev1.EnvVar
 				for i := range c.Env {
@@ -506,6 +529,7 @@ func templateCases(appVersion string) []templateCase {
 				"upstreamSelection": "latency",
 				"image":             map[string]any{"registry": "registry.example", "repository": "ep", "tag": "v9.9.9", "pullPolicy": "Always"},
 				"updateStrategy":    map[string]any{"maxUnavailable": "10%"},
+				"handover":          map[string]any{"hostPath": "/run/ep", "surge": false},
 			}),
 			check: func(t *testing.T, m *manifest) {
 				c := container(t, m)
@@ -523,6 +547,7 @@ func templateCases(appVersion string) []templateCase {
 					"EP_LIVENESS_THRESHOLD":  "1m",
 					"EP_DRAIN_TIMEOUT":       "0s",
 					"EP_UPSTREAM_SELECTION":  "latency",
+					"EP_HANDOVER_SOCKET":     "/run/ep/" + releaseName + ".sock",
 				} {
 					if env[name] != want {
 						t.Errorf("%s = %q; want %q", name, env[name], want)
@@ -537,9 +562,7 @@ func templateCases(appVersion string) []templateCase {
 				if got := c.LivenessProbe.HTTPGet.Port.IntValue(); got != 17446 {
 					t.Errorf("liveness port = %d; want 17446", got)
 				}
-				if want := intstr.FromString("10%"); *m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable != want {
-					t.Errorf("maxUnavailable = %v; want 10%%", m.DaemonSet.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable)
-				}
+				checkNoSurge(t, m, intstr.FromString("10%"))
 			},
 		},
 		{
@@ -559,6 +582,162 @@ func templateCases(appVersion string) []templateCase {
 				}
 			},
 		},
+		{
+			// As before handover: no socket, no directory, no init
+			// container, and the old pod stops before the new one starts.
+			name:   "handover off",
+			values: withEndpoints(map[string]any{"handover": map[string]any{"enabled": false}}),
+			check: func(t *testing.T, m *manifest) {
+				pod := m.DaemonSet.Spec.Template.Spec
+				c := container(t, m)
+				if socket, ok := envValues(t, c)["EP_HANDOVER_SOCKET"]; ok {
+					t.Errorf("EP_HANDOVER_SOCKET = %q with handover off", socket)
+				}
+				if len(pod.InitContainers) != 0 || len(pod.Volumes) != 0 || len(c.VolumeMounts) != 0 {
+					t.Errorf("init containers %v, volumes %v, mounts %v; want none with handover off", pod.InitContainers, pod.Volumes, c.VolumeMounts)
+				}
+				checkNoSurge(t, m, intstr.FromInt32(1))
+			},
+		},
+		{
+			// The upgrade whose old pods cannot hand over: the new pods
+			// serve hand-overs, the rollout does not surge.
+			name:   "handover without a surge",
+			values: withEndpoints(map[string]any{"handover": map[string]any{"surge": false}, "updateStrategy": map[string]any{"maxUnavailable": 2}}),
+			check: func(t *testing.T, m *manifest) {
+				if got, want := envValues(t, container(t, m))["EP_HANDOVER_SOCKET"], "/run/extractedprism/"+releaseName+".sock"; got != want {
+					t.Errorf("EP_HANDOVER_SOCKET = %q; want %q", got, want)
+				}
+				if len(m.DaemonSet.Spec.Template.Spec.InitContainers) != 1 {
+					t.Errorf("init containers %v; want the hand-over directory's", m.DaemonSet.Spec.Template.Spec.InitContainers)
+				}
+				checkNoSurge(t, m, intstr.FromInt32(2))
+			},
+		},
+	}
+}
+
+// checkSurge checks that the rollout surges: a new pod beside the old one,
+// which it takes the sockets from, and no node without its proxy.
+func checkSurge(t *testing.T, m *manifest) {
+	t.Helper()
+	ru := m.DaemonSet.Spec.UpdateStrategy.RollingUpdate
+	if ru == nil || ru.MaxSurge == nil || *ru.MaxSurge != intstr.FromInt32(1) || ru.MaxUnavailable == nil || *ru.MaxUnavailable != intstr.FromInt32(0) {
+		t.Errorf("rollingUpdate = %+v; want maxSurge 1, maxUnavailable 0", ru)
+	}
+}
+
+// checkNoSurge checks that the rollout stops the old pod before it starts
+// the new one, maxUnavailable nodes at a time.
+func checkNoSurge(t *testing.T, m *manifest, maxUnavailable intstr.IntOrString) {
+	t.Helper()
+	ru := m.DaemonSet.Spec.UpdateStrategy.RollingUpdate
+	if ru == nil || ru.MaxSurge == nil || *ru.MaxSurge != intstr.FromInt32(0) || ru.MaxUnavailable == nil || *ru.MaxUnavailable != maxUnavailable {
+		t.Errorf("rollingUpdate = %+v; want maxSurge 0, maxUnavailable %s", ru, maxUnavailable.String())
+	}
+}
+
+// handoverVolume is the chart's volume for the hand-over socket's
+// directory, which checkHandover checks in every render.
+const handoverVolume = "handover"
+
+// ownVolumes returns the pod's volumes but the hand-over directory's: the
+// ones a case's values add.
+func ownVolumes(pod corev1.PodSpec) []corev1.Volume {
+	return slices.DeleteFunc(slices.Clone(pod.Volumes), func(v corev1.Volume) bool { return v.Name == handoverVolume })
+}
+
+// ownMounts returns the container's mounts but the hand-over directory's.
+func ownMounts(c *corev1.Container) []corev1.VolumeMount {
+	return slices.DeleteFunc(slices.Clone(c.VolumeMounts), func(m corev1.VolumeMount) bool { return m.Name == handoverVolume })
+}
+
+// checkHandover checks the hand-over wiring of a render. Without
+// EP_HANDOVER_SOCKET: no init container, no directory, no surge. With it:
+// the socket named after the release, in a writable mount of the same host
+// directory (DirectoryOrCreate), which the one init container hands to the
+// daemon's user and group as root with CHOWN and FOWNER only; a surge only
+// where no declared port (a host port under hostNetwork) keeps the
+// scheduler from placing the new pod beside the old one.
+func checkHandover(t *testing.T, m *manifest) {
+	t.Helper()
+	pod := m.DaemonSet.Spec.Template.Spec
+	c := &pod.Containers[0]
+	ru := m.DaemonSet.Spec.UpdateStrategy.RollingUpdate
+	surge := ru != nil && ru.MaxSurge != nil && ru.MaxSurge.IntValue() != 0
+	socket, ok := envValues(t, c)["EP_HANDOVER_SOCKET"]
+	if !ok {
+		if len(pod.InitContainers) != 0 {
+			t.Errorf("init containers %v without EP_HANDOVER_SOCKET; want none", pod.InitContainers)
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == handoverVolume {
+				t.Errorf("volume %s without EP_HANDOVER_SOCKET", v.Name)
+			}
+		}
+		if surge {
+			t.Errorf("maxSurge = %v without EP_HANDOVER_SOCKET; want 0: two pods on one node cannot share the port", ru.MaxSurge)
+		}
+		return
+	}
+	dir := filepath.Dir(socket)
+	if want := m.DaemonSet.Name + ".sock"; filepath.Base(socket) != want || !filepath.IsAbs(socket) {
+		t.Errorf("EP_HANDOVER_SOCKET = %q; want an absolute path ending in %s, the release's own", socket, want)
+	}
+	mount := hostDirMount(pod, c, socket)
+	if mount == nil || mount.ReadOnly || mount.MountPath != dir || mount.Name != handoverVolume {
+		t.Fatalf("EP_HANDOVER_SOCKET %s is not in a writable mount %s of the host directory %s; mounts %v", socket, handoverVolume, dir, c.VolumeMounts)
+	}
+	for _, v := range pod.Volumes {
+		if v.Name == handoverVolume && (v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate) {
+			t.Errorf("volume %s has hostPath type %s; want DirectoryOrCreate", v.Name, show(v.HostPath.Type))
+		}
+	}
+
+	if len(pod.InitContainers) != 1 {
+		t.Fatalf("%d init containers; want the hand-over directory's only", len(pod.InitContainers))
+	}
+	ic := &pod.InitContainers[0]
+	// The directory must end up the daemon's: the UID and GID its
+	// container runs as (checkInvariants checks that they are set).
+	csc := c.SecurityContext
+	want := []string{"handover-dir", "--uid", show(csc.RunAsUser), "--gid", show(csc.RunAsGroup), dir}
+	if ic.Name != "handover-dir" || len(ic.Command) != 0 || !slices.Equal(ic.Args, want) {
+		t.Errorf("init container %s: command %v, args %v; want handover-dir, the image's entrypoint with %v", ic.Name, ic.Command, ic.Args, want)
+	}
+	if ic.Image != c.Image || ic.ImagePullPolicy != c.ImagePullPolicy {
+		t.Errorf("init container image %q (%s); want the daemon's %q (%s)", ic.Image, ic.ImagePullPolicy, c.Image, c.ImagePullPolicy)
+	}
+	if !equality.Semantic.DeepEqual(ic.Resources, c.Resources) {
+		t.Errorf("init container resources = %v; want the daemon's %v, so the pod asks for no more", ic.Resources, c.Resources)
+	}
+	if len(ic.Env) != 0 || len(ic.EnvFrom) != 0 || len(ic.Ports) != 0 || ic.RestartPolicy != nil {
+		t.Errorf("init container env %v, envFrom %v, ports %v, restartPolicy %s; want none", ic.Env, ic.EnvFrom, ic.Ports, show(ic.RestartPolicy))
+	}
+	if wantMounts := []corev1.VolumeMount{{Name: handoverVolume, MountPath: dir}}; !equality.Semantic.DeepEqual(ic.VolumeMounts, wantMounts) {
+		t.Errorf("init container mounts = %v; want %v only", ic.VolumeMounts, wantMounts)
+	}
+	isc := ic.SecurityContext
+	if isc == nil || isc.RunAsUser == nil || *isc.RunAsUser != 0 || isc.RunAsGroup == nil || *isc.RunAsGroup != 0 ||
+		isc.RunAsNonRoot == nil || *isc.RunAsNonRoot {
+		t.Errorf("init container securityContext = %+v; want UID and GID 0, runAsNonRoot false (the pod's is true)", isc)
+	} else if isc.Privileged == nil || *isc.Privileged || isc.AllowPrivilegeEscalation == nil || *isc.AllowPrivilegeEscalation ||
+		!boolValue(isc.ReadOnlyRootFilesystem) || isc.Capabilities == nil ||
+		!slices.Equal(isc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(isc.Capabilities.Add, []corev1.Capability{"CHOWN", "FOWNER"}) ||
+		isc.SeccompProfile == nil || isc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault || isc.ProcMount != nil || isc.SELinuxOptions != nil {
+		t.Errorf("init container securityContext = %+v; want not privileged, no escalation, a read-only root, drop ALL, add CHOWN and FOWNER only, seccomp RuntimeDefault", isc)
+	}
+
+	if surge {
+		checkSurge(t, m)
+		if len(c.Ports) != 0 {
+			t.Errorf("ports %v with a surge: under hostNetwork they are host ports, and the scheduler would not place the new pod beside the old one", c.Ports)
+		}
+	}
+	// The old pod closes its connections over 10 s and force-closes the
+	// rest by 11 s after SIGTERM; the kubelet must not kill it before.
+	if g := pod.TerminationGracePeriodSeconds; g != nil && *g < 15 {
+		t.Errorf("terminationGracePeriodSeconds = %d; want 15 or more (the default 30 if unset)", *g)
 	}
 }
 
@@ -576,6 +755,19 @@ func TestTemplateMatrix(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTemplateHandoverFollowsUID checks that the hand-over directory goes
+// to the UID and GID securityContext gives the daemon, not the chart's:
+// the daemon refuses a directory another user owns.
+func TestTemplateHandoverFollowsUID(t *testing.T) {
+	m := render(t, withEndpoints(map[string]any{"securityContext": map[string]any{"runAsUser": 4000000000, "runAsGroup": 1000}}))
+	ics := m.DaemonSet.Spec.Template.Spec.InitContainers
+	want := []string{"handover-dir", "--uid", "4000000000", "--gid", "1000", "/run/extractedprism"}
+	if len(ics) != 1 || !slices.Equal(ics[0].Args, want) {
+		t.Errorf("init containers %v; want one with args %v", ics, want)
+	}
+	checkHandover(t, m)
 }
 
 // TestTemplatePortBySet changes one port with --set, the usual override:
@@ -644,7 +836,7 @@ func TestTemplateAcceptsEdgeValues(t *testing.T) {
 				t.Errorf("check output %q; want %q", out, want)
 			}
 		}},
-		{name: "Prometheus durations", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "interval": "1m30s", "scrapeTimeout": "90s"}}}), check: func(t *testing.T, m *manifest) {
+		{name: "Prometheus durations", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "interval": "1m30s", "scrapeTimeout": "90s"}}, "handover": map[string]any{"enabled": false}}), check: func(t *testing.T, m *manifest) {
 			if m.PodMonitor == nil {
 				t.Fatal("no PodMonitor")
 			}
@@ -652,7 +844,7 @@ func TestTemplateAcceptsEdgeValues(t *testing.T) {
 				t.Errorf("podMetricsEndpoints = %+v; want one with interval 1m30s, scrapeTimeout 90s", eps)
 			}
 		}},
-		{name: "half the nodes at once", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": "50%", "minReadySeconds": 0}}), check: func(t *testing.T, m *manifest) {
+		{name: "half the nodes at once", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": "50%", "minReadySeconds": 0}, "handover": map[string]any{"enabled": false}}), check: func(t *testing.T, m *manifest) {
 			ds := m.DaemonSet.Spec
 			if got := ds.UpdateStrategy.RollingUpdate.MaxUnavailable.String(); got != "50%" || ds.MinReadySeconds != 0 {
 				t.Errorf("maxUnavailable = %s, minReadySeconds = %d; want 50%%, 0", got, ds.MinReadySeconds)
@@ -816,6 +1008,11 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "maxUnavailable every node", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": "100%"}}), chart: []string{"'/updateStrategy/maxUnavailable'"}},
 		{name: "maxUnavailable over half the nodes", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": "51%"}}), chart: []string{"'/updateStrategy/maxUnavailable'"}},
 		{name: "negative minReadySeconds", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"minReadySeconds": -1}}), chart: []string{"'/updateStrategy/minReadySeconds'", "minimum"}},
+		{name: "relative hand-over directory", values: withEndpoints(map[string]any{"handover": map[string]any{"hostPath": "run/extractedprism"}}), chart: []string{"'/handover/hostPath'"}},
+		{name: "hand-over directory with a trailing slash", values: withEndpoints(map[string]any{"handover": map[string]any{"hostPath": "/run/extractedprism/"}}), chart: []string{"'/handover/hostPath'"}},
+		{name: "empty hand-over directory", values: withEndpoints(map[string]any{"handover": map[string]any{"hostPath": ""}}), chart: []string{"'/handover/hostPath'"}},
+		{name: "hand-over switch not a boolean", values: withEndpoints(map[string]any{"handover": map[string]any{"surge": "yes"}}), chart: []string{"'/handover/surge'", "want boolean"}},
+		{name: "unknown hand-over value", values: withEndpoints(map[string]any{"handover": map[string]any{"socket": "/run/x.sock"}}), chart: []string{"at '/handover': additional properties 'socket' not allowed"}},
 		{name: "relative cache directory", values: withEndpoints(map[string]any{"discovery": map[string]any{"cache": map[string]any{"enabled": true, "hostPath": "var/lib"}}}), chart: []string{"'/discovery/cache/hostPath'"}},
 		{name: "image digest without its algorithm", values: withEndpoints(map[string]any{"image": map[string]any{"digest": "0123456789abcdef"}}), chart: []string{"'/image/digest'"}},
 		{name: "global image registry not a string", values: withEndpoints(map[string]any{"global": map[string]any{"imageRegistry": 5}}), chart: []string{"'/global/imageRegistry'", "want string"}},
@@ -825,7 +1022,8 @@ func TestTemplateRejects(t *testing.T) {
 
 		// The chart's rules about values only it reads (_helpers.tpl validate).
 		{name: "PodMonitor without exposed metrics", values: withEndpoints(map[string]any{"metrics": map[string]any{"podMonitor": map[string]any{"enabled": true}}}), chart: []string{"metrics.podMonitor.enabled needs metrics.expose"}},
-		{name: "exposed metrics and a health bind address", values: withEndpoints(map[string]any{"healthBindAddress": "0.0.0.0", "metrics": map[string]any{"expose": true}}), chart: []string{"leave healthBindAddress empty"}},
+		{name: "exposed metrics and a health bind address", values: withEndpoints(map[string]any{"healthBindAddress": "0.0.0.0", "metrics": map[string]any{"expose": true}, "handover": map[string]any{"enabled": false}}), chart: []string{"leave healthBindAddress empty"}},
+		{name: "exposed metrics with a surging rollout", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true}}), chart: []string{"metrics.expose declares the health port", "set handover.surge=false or handover.enabled=false"}},
 		{name: "client certificate without a Secret", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate"}}), chart: []string{"readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName"}},
 		{name: "client certificate left null", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate", "clientCertificate": nil}}), chart: []string{"needs readyz.clientCertificate.secretName"}},
 		{name: "existing service account without a name", values: withEndpoints(map[string]any{"serviceAccount": map[string]any{"create": false}}), chart: []string{"serviceAccount.name is required"}},
@@ -917,10 +1115,8 @@ func checkInvariants(t *testing.T, m *manifest) {
 	}
 
 	us := ds.Spec.UpdateStrategy
-	if us.Type != appsv1.RollingUpdateDaemonSetStrategyType || us.RollingUpdate == nil || us.RollingUpdate.MaxUnavailable == nil {
-		t.Errorf("updateStrategy = %+v; want RollingUpdate with maxUnavailable", us)
-	} else if us.RollingUpdate.MaxSurge == nil || us.RollingUpdate.MaxSurge.IntValue() != 0 {
-		t.Errorf("maxSurge = %v; want 0: two pods on one node cannot share the port", us.RollingUpdate.MaxSurge)
+	if us.Type != appsv1.RollingUpdateDaemonSetStrategyType || us.RollingUpdate == nil || us.RollingUpdate.MaxUnavailable == nil || us.RollingUpdate.MaxSurge == nil {
+		t.Errorf("updateStrategy = %+v; want RollingUpdate with maxUnavailable and maxSurge", us)
 	}
 
 	pod := ds.Spec.Template.Spec
@@ -933,8 +1129,8 @@ func checkInvariants(t *testing.T, m *manifest) {
 	if pod.DNSPolicy != corev1.DNSDefault {
 		t.Errorf("dnsPolicy = %q; want Default", pod.DNSPolicy)
 	}
-	if len(pod.InitContainers) != 0 || len(pod.Containers) != 1 {
-		t.Fatalf("%d init containers, %d containers; want 0 and 1", len(pod.InitContainers), len(pod.Containers))
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers; want 1", len(pod.Containers))
 	}
 	if pod.ServiceAccountName == "" {
 		t.Error("no serviceAccountName")
@@ -1025,6 +1221,8 @@ func checkInvariants(t *testing.T, m *manifest) {
 			t.Errorf("%s probe = %s %s:%s; want HTTP %s on port %d", probe.name, get.Scheme, get.Path, get.Port.String(), probe.path, port)
 		}
 	}
+
+	checkHandover(t, m)
 
 	if m.CheckJob != nil {
 		checkHookJob(t, m)

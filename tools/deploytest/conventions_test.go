@@ -101,9 +101,13 @@ func TestTemplateConventions(t *testing.T) {
 	if got := envValues(t, c)["EP_HEALTH_CHECK_CA_FILE"]; got != "/etc/extractedprism/api-ca/ca.crt" {
 		t.Errorf("EP_HEALTH_CHECK_CA_FILE = %q; want the CA bundle from extraVolumes", got)
 	}
-	if len(pod.Volumes) != 1 || pod.Volumes[0].ConfigMap == nil || pod.Volumes[0].ConfigMap.Name != "api-serving-ca" ||
-		len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/etc/extractedprism/api-ca" || !c.VolumeMounts[0].ReadOnly {
-		t.Errorf("volumes %v, mounts %v; want the ConfigMap api-serving-ca read-only at /etc/extractedprism/api-ca", pod.Volumes, c.VolumeMounts)
+	if vols, mounts := ownVolumes(pod), ownMounts(c); len(vols) != 1 || vols[0].ConfigMap == nil || vols[0].ConfigMap.Name != "api-serving-ca" ||
+		len(mounts) != 1 || mounts[0].MountPath != "/etc/extractedprism/api-ca" || !mounts[0].ReadOnly {
+		t.Errorf("volumes %v, mounts %v; want the ConfigMap api-serving-ca read-only at /etc/extractedprism/api-ca", vols, mounts)
+	}
+	// The socket in the values' directory, named after fullnameOverride.
+	if got, want := envValues(t, c)["EP_HANDOVER_SOCKET"], "/run/node-apiproxy/node-apiproxy.sock"; got != want {
+		t.Errorf("EP_HANDOVER_SOCKET = %q; want %q", got, want)
 	}
 	if mem := c.Resources.Limits[corev1.ResourceMemory]; mem.String() != "160Mi" {
 		t.Errorf("memory limit = %s; want 160Mi", mem.String())

@@ -92,6 +92,75 @@ func TestKubeadmExample(t *testing.T) {
 	if image := pod.Spec.Containers[0].Image; !strings.Contains(string(readme), "crictl pull "+image+"\n") {
 		t.Errorf("examples/kubeadm/README.md does not pull %s, the manifest's image", image)
 	}
+	checkKubeadmHandover(t, pod, string(readme))
+}
+
+// kubeadmHandoverSocket is where the kubeadm static pod serves hand-overs;
+// every version of the manifest must name the same socket.
+const kubeadmHandoverSocket = "/run/extractedprism/extractedprism.sock"
+
+// checkKubeadmHandover checks the static pod's hand-over socket: in a
+// writable hostPath mount of exactly its directory, which the kubelet
+// creates root's and the daemon, running as root with no init container,
+// closes to 0700 itself; and the README's procedure waits for the daemon's
+// own log line.
+func checkKubeadmHandover(t *testing.T, pod *corev1.Pod, readme string) {
+	t.Helper()
+	c := &pod.Spec.Containers[0]
+	socket := envValues(t, c)["EP_HANDOVER_SOCKET"]
+	if socket != kubeadmHandoverSocket {
+		t.Fatalf("EP_HANDOVER_SOCKET = %q; want %q", socket, kubeadmHandoverSocket)
+	}
+	m := hostDirMount(pod.Spec, c, socket)
+	if m == nil || m.ReadOnly || m.MountPath != filepath.Dir(socket) {
+		t.Errorf("%s is not in a writable mount of the host directory %s, the socket's own", socket, filepath.Dir(socket))
+	}
+	for _, v := range pod.Spec.Volumes {
+		if m != nil && v.Name == m.Name && (v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate) {
+			t.Errorf("volume %s has hostPath type %s; want DirectoryOrCreate", v.Name, show(v.HostPath.Type))
+		}
+	}
+	sc := pod.Spec.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || len(pod.Spec.InitContainers) != 0 {
+		t.Errorf("pod runs as %v with init containers %v; want UID 0 and none: the daemon owns the root directory the kubelet creates", sc, pod.Spec.InitContainers)
+	}
+	// A grace period the old pod's 10 s spread of closes fits in.
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil && *g < 15 {
+		t.Errorf("terminationGracePeriodSeconds = %d; want 15 or more", *g)
+	}
+	for _, want := range []string{"## Changing the manifest without cutting the node off", "allowStaticPodStart", takeOverLogLine} {
+		if !strings.Contains(readme, want) {
+			t.Errorf("examples/kubeadm/README.md lacks %q", want)
+		}
+	}
+	checkDaemonLogs(t, takeOverLogLine)
+}
+
+// takeOverLogLine is what a daemon logs once it serves sockets it took
+// over; the kubeadm README waits for it.
+const takeOverLogLine = "took over the listening sockets from the running instance"
+
+// checkDaemonLogs checks that the daemon's source, its non-test files in
+// the repository root, has msg, so the docs quote what it logs.
+func checkDaemonLogs(t *testing.T, msg string) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(repoRoot, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(data), `"`+msg+`"`) {
+			return
+		}
+	}
+	t.Errorf("no daemon source file in %s logs %q", repoRoot, msg)
 }
 
 // checkNodeLevelPod checks a node-level static pod: host network,

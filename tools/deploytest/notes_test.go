@@ -83,7 +83,7 @@ func TestNotesAddresses(t *testing.T) {
 			"at\nhttps://[::1]:6443 with",
 			"curl -s http://127.0.0.1:9000/metrics",
 		}},
-		{"metrics exposed", map[string]any{"bindAddress": "::", "healthBindAddress": "", "metrics": map[string]any{"expose": true}}, []string{
+		{"metrics exposed", map[string]any{"bindAddress": "::", "healthBindAddress": "", "metrics": map[string]any{"expose": true}, "handover": map[string]any{"surge": false}}, []string{
 			"at\nhttps://[::1]:7445 with",
 			"curl -s http://<node-ip>:7446/metrics\n",
 		}},
