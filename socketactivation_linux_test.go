@@ -159,8 +159,8 @@ func TestListenAdoptsPassedSockets(t *testing.T) {
 		samePort bool
 		want     string
 	}{
-		"another address": {"127.0.0.2", true, "but --bind-address, --bind-port say 127.0.0.2:"},
-		"another port":    {"127.0.0.1", false, "which is on neither --bind-port"},
+		"another address": {"127.0.0.2", true, "is not where --bind-address, --bind-port say: 127.0.0.2:"},
+		"another port":    {"127.0.0.1", false, "is on neither --bind-port"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ln, _ := listenerFile(t)
