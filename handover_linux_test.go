@@ -148,14 +148,7 @@ func TestHandoverLosesNoConnection(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	close(stop)
-	var total requestCounts
-	for range cap(results) {
-		r := <-results
-		total.conns, total.requests, total.failed = total.conns+r.conns, total.requests+r.requests, total.failed+r.failed
-		if r.firstErr != nil && total.firstErr == nil {
-			total.firstErr = r.firstErr
-		}
-	}
+	total := sumCounts(results, cap(results))
 	mc.stopCleanly(t, "the last connections")
 	t.Logf("%d hand-overs: %d connections, %d requests, %d failed", handovers, total.conns, total.requests, total.failed)
 	if total.failed > 0 || total.conns < 10000 {

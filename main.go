@@ -161,17 +161,26 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	d := newDaemon(cfg, log, lbLn.Addr().String(), hangups)
+	if err := d.outlive(lbLn, healthLn, lbPassed); err != nil {
+		_, _ = lbLn.Close(), healthLn.Close()
+		return err
+	}
+	return d.run(ctx, lbLn, healthLn)
+}
+
+// outlive prepares for the listening sockets to outlive the process:
+// passed by the service manager (lbPassed), or handed on to a successor
+// through --handover-socket. Handlers then outlive serve
+// (gracefulstop.go).
+func (d *daemon) outlive(lb, health net.Listener, lbPassed bool) (err error) {
 	d.activated = lbPassed
-	if cfg.HandoverSocket != "" {
-		if d.handover, err = listenHandover(cfg.HandoverSocket, log.With("component", "handover"), lbLn, healthLn); err != nil {
-			_, _ = lbLn.Close(), healthLn.Close()
+	if d.cfg.HandoverSocket != "" {
+		if d.handover, err = listenHandover(d.cfg.HandoverSocket, d.log.With("component", "handover"), lb, health); err != nil {
 			return err
 		}
 	}
-	// Handlers outlive serve when the listening socket outlives the
-	// process or may be handed on (gracefulstop.go).
 	d.proxy.graceful = lbPassed || d.handover != nil
-	return d.run(ctx, lbLn, healthLn)
+	return nil
 }
 
 // sockets opens the daemon's listeners: those the service manager passed
