@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ type config struct {
 	EnableDiscovery   bool
 	Kubeconfig        string // beyond the spec: run discovery outside a pod
 	EndpointCacheFile string // beyond the spec: keep the discovered list across restarts
+	HandoverSocket    string // beyond the spec: take the listening sockets over from the running instance
 
 	LogLevel                                          string
 	LivenessInterval, LivenessThreshold, DrainTimeout time.Duration
@@ -117,6 +119,7 @@ func newFlagSet(cfg *config) (*flag.FlagSet, *bool) {
 	fs.BoolVar(&cfg.EnableDiscovery, "enable-discovery", true, "Enable Kubernetes EndpointSlice discovery (turn off with --enable-discovery=false)")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "Path to a kubeconfig for discovery outside a pod (default: in-cluster configuration)")
 	fs.StringVar(&cfg.EndpointCacheFile, "endpoint-cache-file", "", "File that keeps the last discovered endpoint list across restarts, used until discovery answers (default: off)")
+	fs.StringVar(&cfg.HandoverSocket, "handover-socket", "", "Unix socket through which a starting daemon takes the listening sockets over from the one running, in a directory only the daemon's user can enter (default: off)")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "Log level (debug, info, warn, error, dpanic, panic, fatal)")
 	fs.DurationVar(&cfg.LivenessInterval, "liveness-interval", 5*time.Second, "Heartbeat probe interval for liveness detection")
 	fs.DurationVar(&cfg.LivenessThreshold, "liveness-threshold", 15*time.Second, "Maximum time since last heartbeat before liveness fails")
@@ -225,7 +228,9 @@ func printUsage(w io.Writer) {
 		"Prints the upstreams of a running daemon, from its /upstreams endpoint.\n"+
 		"\nUsage: extractedprism check [flags]\n\n"+
 		"Reads the flags and EP_ variables as a start would and exits 0 if the daemon\n"+
-		"would start with them, or 1 with the message it would stop with; binds nothing.\n")
+		"would start with them, or 1 with the message it would stop with; binds nothing.\n"+
+		"\nUsage: extractedprism handover-dir --uid UID --gid GID DIRECTORY\n\n"+
+		"Run as root: makes DIRECTORY, for --handover-socket, the daemon user's, mode 0700.\n")
 }
 
 // usageLine describes flag f in one line, for example
@@ -313,6 +318,10 @@ func (c *config) validateAddresses(v *violations) {
 	*v = append(*v, err) // nil if both passed, which errors.Join drops
 	v.addf(c.BindPort < 1 || c.BindPort > 65535, "bind-port", "must be in 1-65535: got %d", c.BindPort)
 	v.addf(c.HealthPort < 1 || c.HealthPort > 65535, "health-port", "must be in 1-65535: got %d", c.HealthPort)
+	// sun_path holds 108 bytes with the NUL, and a hand-over socket is first
+	// made under the name plus a 9-byte suffix (handover.go).
+	v.addf(c.HandoverSocket != "" && (!filepath.IsAbs(c.HandoverSocket) || len(c.HandoverSocket) > 98 || strings.HasSuffix(c.HandoverSocket, "/")),
+		"handover-socket", "must be an absolute file path of at most 98 bytes: got %q", c.HandoverSocket)
 	v.addf(c.HealthPort == c.BindPort, "health-port", "must differ from %s: both are %d", flagRef("bind-port"), c.BindPort)
 }
 

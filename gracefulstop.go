@@ -14,6 +14,7 @@ package main
 // wait in the backlog meanwhile, so the window is short.
 
 import (
+	"math/rand/v2"
 	"time"
 )
 
@@ -26,18 +27,52 @@ const (
 	stopPoll   = 10 * time.Millisecond
 )
 
+// stopGracefully closes the connections whose clients have been answered
+// when another process serves the listening socket after this one: the
+// next one systemd starts, within stopWindow, or the successor a hand-over
+// gave the socket to, spread over handoverSpread. Otherwise the spec's
+// force-close in shutdown takes every connection at once. serve must have
+// returned.
+func (d *daemon) stopGracefully() {
+	var spread time.Duration
+	switch {
+	case d.activated:
+	case d.handover != nil && d.handover.given.Load():
+		spread = handoverSpread
+	default:
+		return
+	}
+	start := time.Now()
+	n := d.proxy.closeAnswered(stopQuiet, spread, spread+stopWindow)
+	d.log.Info("closed the answered connections; the process serving the socket after this one takes new ones",
+		"closed", n, "left", len(d.proxy.pool.conns()), "after", time.Since(start).Round(time.Millisecond))
+}
+
 // closeAnswered closes, until every handler has ended or window has
-// passed, every connection whose client was answered at least quiet ago,
-// and returns how many it closed. serve must have returned; handlers still
+// passed, every connection whose client was answered at least quiet ago
+// and whose moment has come, a random one within spread of the start, and
+// returns how many it closed. serve must have returned; handlers still
 // dialling attach meanwhile and are judged as the others.
-func (p *proxy) closeAnswered(quiet, window time.Duration) int {
-	closed := 0
-	for deadline := time.Now().Add(window); len(p.slots) > 0 && time.Now().Before(deadline); time.Sleep(stopPoll) {
+func (p *proxy) closeAnswered(quiet, spread, window time.Duration) int {
+	start := time.Now()
+	due := make(map[*proxyConn]time.Time) // zero once closed
+	for deadline := start.Add(window); len(p.slots) > 0 && time.Now().Before(deadline); time.Sleep(stopPoll) {
 		for _, pc := range p.pool.conns() {
-			if answeredFor(pc.client) >= quiet {
-				pc.close()
-				closed++
+			at, seen := due[pc]
+			if !seen {
+				at = start.Add(rand.N(spread + 1)) //nolint:gosec // spreading needs no unpredictability
+				due[pc] = at
 			}
+			if !at.IsZero() && time.Now().After(at) && answeredFor(pc.client) >= quiet {
+				pc.close()
+				due[pc] = time.Time{}
+			}
+		}
+	}
+	closed := 0
+	for _, at := range due {
+		if at.IsZero() {
+			closed++
 		}
 	}
 	return closed

@@ -117,13 +117,17 @@ func main() {
 }
 
 // run runs the command args name until ctx is done: the daemon, or the
-// check or status subcommand. Help and version output are not errors.
+// check, status or handover-dir subcommand. Help and version output are not errors.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "status" {
-		return status(ctx, args[1:], getenv, stdout)
-	}
-	if len(args) > 0 && args[0] == "check" {
-		return check(args[1:], getenv, stdout)
+	if len(args) > 0 {
+		switch args[0] {
+		case "status":
+			return status(ctx, args[1:], getenv, stdout)
+		case "check":
+			return check(args[1:], getenv, stdout)
+		case "handover-dir":
+			return handoverDir(args[1:], stdout)
+		}
 	}
 	cfg, err := parseConfig(args, getenv, stdout)
 	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errVersionShown) {
@@ -152,20 +156,50 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	for _, ig := range cfg.ignoredSettings() {
 		log.Warn("setting has no effect", "setting", flagRef(ig.flag), "because", ig.because)
 	}
-	passed, err := activatedListeners(getenv, listenFDsStart)
-	if err != nil {
-		return err
-	}
-	for _, ln := range passed {
-		log.Info("using the listening socket the service manager passed", "address", ln.Addr().String())
-	}
-	lbLn, healthLn, lbPassed, err := listen(ctx, cfg, passed)
+	lbLn, healthLn, lbPassed, err := sockets(ctx, cfg, getenv, log)
 	if err != nil {
 		return err
 	}
 	d := newDaemon(cfg, log, lbLn.Addr().String(), hangups)
-	d.proxy.graceful = lbPassed
+	if err := d.outlive(lbLn, healthLn, lbPassed); err != nil {
+		_, _ = lbLn.Close(), healthLn.Close()
+		return err
+	}
 	return d.run(ctx, lbLn, healthLn)
+}
+
+// outlive prepares for the listening sockets to outlive the process:
+// passed by the service manager (lbPassed), or handed on to a successor
+// through --handover-socket. Handlers then outlive serve
+// (gracefulstop.go).
+func (d *daemon) outlive(lb, health net.Listener, lbPassed bool) (err error) {
+	d.activated = lbPassed
+	if d.cfg.HandoverSocket != "" {
+		if d.handover, err = listenHandover(d.cfg.HandoverSocket, d.log.With("component", "handover"), lb, health); err != nil {
+			return err
+		}
+	}
+	d.proxy.graceful = lbPassed || d.handover != nil
+	return nil
+}
+
+// sockets opens the daemon's listeners: those the service manager passed
+// (socketactivation.go), else those the running instance hands over
+// (handover.go), else its own. lbPassed reports that the service manager
+// passed the proxy's.
+func sockets(ctx context.Context, cfg *config, getenv func(string) string, log *slog.Logger) (lb, health net.Listener, lbPassed bool, err error) {
+	passed, err := activatedListeners(getenv, listenFDsStart)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	for _, ln := range passed {
+		log.Info("using the listening socket the service manager passed", "address", ln.Addr().String())
+	}
+	if len(passed) > 0 || cfg.HandoverSocket == "" {
+		return listen(ctx, cfg, passed)
+	}
+	lb, health, err = takeOverOrListen(ctx, cfg, log)
+	return lb, health, false, err
 }
 
 // listen opens the proxy's and the health server's listeners, or adopts
@@ -186,7 +220,7 @@ func listen(ctx context.Context, cfg *config, passed []*net.TCPListener) (lb, he
 		listenHealth, activatedHealthListener)
 	if err == nil && len(passed) > 0 {
 		_ = health.Close()
-		err = fmt.Errorf("the service manager passed a socket on %s, which is on neither --bind-port %d nor --health-port %d",
+		err = fmt.Errorf("the socket passed on %s is on neither --bind-port %d nor --health-port %d",
 			passed[0].Addr(), cfg.BindPort, cfg.HealthPort)
 	}
 	if err != nil {
@@ -228,6 +262,8 @@ type daemon struct {
 	limitBy   string         // what sets the connection limit
 	listen    string         // the proxy listener's address
 	hangups   <-chan os.Signal
+	activated bool      // the service manager passed the proxy's socket
+	handover  *handover // nil without --handover-socket
 }
 
 func newDaemon(cfg *config, log *slog.Logger, lbAddr string, hangups <-chan os.Signal) *daemon {
@@ -304,16 +340,14 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	wg.Go(func() { d.proxy.serve(ctx, lbLn); close(served) })
 	var healthErr error
 	wg.Go(func() { healthErr = serveHealth(ctx, srv, healthLn, d.log) })
+	if d.handover != nil {
+		wg.Go(func() { d.handover.serve(ctx) })
+	}
 
 	d.loop(ctx, applied, toCache)
 	d.log.Info("shutting down", "cause", context.Cause(ctx).Error())
 	<-served // serve returns once ctx is done; no connection starts after it
-	if d.proxy.graceful {
-		start := time.Now()
-		n := d.proxy.closeAnswered(stopQuiet, stopWindow)
-		d.log.Info("closed the answered connections; the next process takes new ones from the passed socket",
-			"closed", n, "left", len(d.proxy.pool.conns()), "after", time.Since(start).Round(time.Millisecond))
-	}
+	d.stopGracefully()
 	err := d.proxy.shutdown()
 	d.pool.close()
 	wg.Wait()

@@ -40,21 +40,31 @@ func activatedListeners(getenv func(string) string, first int) ([]*net.TCPListen
 		if i < len(names) && names[i] != "" {
 			name += " (" + names[i] + ")"
 		}
-		f := os.NewFile(uintptr(first+i), name)
-		ln, err := net.FileListener(f) // a duplicate; the passed descriptor is closed below
-		_ = f.Close()
-		tl, ok := ln.(*net.TCPListener)
-		if err == nil && !ok {
-			_ = ln.Close()
-			err = errors.New("not a TCP socket")
-		}
+		tl, err := tcpListenerFrom(uintptr(first+i), name+" passed by the service manager")
 		if err != nil {
 			closeAll(lns)
-			return nil, fmt.Errorf("%s passed by the service manager: want a listening TCP socket: %w", name, err)
+			return nil, err
 		}
 		lns = append(lns, tl)
 	}
 	return lns, nil
+}
+
+// tcpListenerFrom makes a listener of the passed descriptor fd, which it
+// closes, named name in errors.
+func tcpListenerFrom(fd uintptr, name string) (*net.TCPListener, error) {
+	f := os.NewFile(fd, name)
+	ln, err := net.FileListener(f) // a duplicate; the passed descriptor is closed below
+	_ = f.Close()
+	tl, ok := ln.(*net.TCPListener)
+	if err == nil && !ok {
+		_ = ln.Close()
+		err = errors.New("not a TCP socket")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: want a listening TCP socket: %w", name, err)
+	}
+	return tl, nil
 }
 
 // takeActivated removes from lns the listener on port and returns it; ok
@@ -68,7 +78,7 @@ func takeActivated(lns *[]*net.TCPListener, host string, port int, flags string)
 			continue
 		}
 		if want, err := netip.ParseAddr(host); err == nil && want.Unmap() != tcp.AddrPort().Addr().Unmap() {
-			return nil, false, fmt.Errorf("the service manager passed a socket on %s, but %s say %s", tcp, flags, net.JoinHostPort(host, strconv.Itoa(port)))
+			return nil, false, fmt.Errorf("the socket passed on %s is not where %s say: %s", tcp, flags, net.JoinHostPort(host, strconv.Itoa(port)))
 		}
 		*lns = append((*lns)[:i], (*lns)[i+1:]...)
 		return ln, true, nil

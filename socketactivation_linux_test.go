@@ -159,8 +159,8 @@ func TestListenAdoptsPassedSockets(t *testing.T) {
 		samePort bool
 		want     string
 	}{
-		"another address": {"127.0.0.2", true, "but --bind-address, --bind-port say 127.0.0.2:"},
-		"another port":    {"127.0.0.1", false, "which is on neither --bind-port"},
+		"another address": {"127.0.0.2", true, "is not where --bind-address, --bind-port say: 127.0.0.2:"},
+		"another port":    {"127.0.0.1", false, "is on neither --bind-port"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			ln, _ := listenerFile(t)
@@ -249,14 +249,7 @@ func TestSocketActivationRestartLosesNoRequest(t *testing.T) {
 	}
 	mc := startMainPassing(t, []*os.File{f}, "--endpoints", up.addr, "--bind-port", port, "--log-level", "info")
 	close(stop)
-	var total requestCounts
-	for range 8 {
-		r := <-results
-		total.conns, total.requests, total.failed = total.conns+r.conns, total.requests+r.requests, total.failed+r.failed
-		if r.firstErr != nil && total.firstErr == nil {
-			total.firstErr = r.firstErr
-		}
-	}
+	total := sumCounts(results, 8)
 	mc.stopCleanly(t, "the last requests")
 	t.Logf("%d restarts: %d connections, %d requests, %d failed", restarts, total.conns, total.requests, total.failed)
 	if total.failed > 0 || total.requests < 1000 {
@@ -282,6 +275,19 @@ func slowPong(c net.Conn) {
 type requestCounts struct {
 	conns, requests, failed int
 	firstErr                error
+}
+
+// sumCounts adds up the counts of n clients from results.
+func sumCounts(results <-chan requestCounts, n int) requestCounts {
+	var total requestCounts
+	for range n {
+		r := <-results
+		total.conns, total.requests, total.failed = total.conns+r.conns, total.requests+r.requests, total.failed+r.failed
+		if r.firstErr != nil && total.firstErr == nil {
+			total.firstErr = r.firstErr
+		}
+	}
+	return total
 }
 
 // requestLoop makes requests until stop is closed: a connection, 1 to 5

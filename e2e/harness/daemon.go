@@ -108,6 +108,8 @@ type DaemonConfig struct {
 	// Activated runs the daemon with its listening sockets from socket
 	// activation, restarted whenever it exits (activation.go).
 	Activated bool
+	// Handover is the daemon's --handover-socket; empty for none.
+	Handover string
 }
 
 // BuildDaemon builds extractedprism from the module at src into dir and
@@ -175,6 +177,9 @@ func (c *Cluster) daemonArgs(cfg DaemonConfig) []string {
 		if cfg.TokenFile != "" {
 			args = append(args, "--health-check-token-file", cfg.TokenFile)
 		}
+	}
+	if cfg.Handover != "" {
+		args = append(args, "--handover-socket", cfg.Handover)
 	}
 	if cfg.Mode.Node && !cfg.NoDiscovery {
 		args = append(args, "--endpoint-cache-file", c.nodeCachePath())

@@ -2,6 +2,9 @@ package harness
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -52,4 +55,55 @@ func checkLBRestart(rr *rowRun, m Measure) {
 			rr.fail("watcher %d (on %s) went %s without events; want < %s", w.ID, orUnknown(w.Upstream), w.MaxGap.Round(time.Millisecond), lbWatchLimit)
 		}
 	}
+}
+
+// --- lb-upgrade
+
+// handoverSocket makes a directory for the daemon's hand-over socket, 0700
+// as the daemon wants it, with a path short enough for a unix socket.
+func (rr *rowRun) handoverSocket() error {
+	dir, err := os.MkdirTemp("", "ep-handover-")
+	if err != nil {
+		return fmt.Errorf("hand-over socket directory: %w", err)
+	}
+	rr.handover = filepath.Join(dir, "handover.sock")
+	return nil
+}
+
+// actLBUpgrade is a DaemonSet rolling with maxSurge 1: a second daemon
+// starts beside the running one and takes its listening sockets over; once
+// it serves, the first gets SIGTERM and stops gracefully.
+func actLBUpgrade(rr *rowRun) error {
+	defer os.RemoveAll(filepath.Dir(rr.handover))
+	old := rr.d
+	static := threeEndpoints()
+	if rr.row.Mode.Node {
+		static = []string{APIAddr("cp1")}
+	}
+	next, err := rr.r.C.StartDaemon(rr.ctx, DaemonConfig{
+		Binary: rr.r.Binary, Mode: rr.row.Mode, Settings: rr.settings(), Endpoints: static,
+		LogPath: strings.TrimSuffix(rr.logPath, ".log") + "-successor.log", Handover: rr.handover,
+	})
+	if err != nil {
+		return fmt.Errorf("start the second daemon: %w", err)
+	}
+	started := time.Now()
+	if !rr.waitFor(20*time.Second, func() bool {
+		return next.LogContains("took over the listening sockets from the running instance") &&
+			old.LogContains("handed the listening sockets to a new instance")
+	}) {
+		rr.fail("the second daemon did not take the sockets over within 20s:\n%s", next.proc.Tail(2000))
+		return next.Stop()
+	}
+	rr.note("second daemon took the sockets over %s after its start", time.Since(started).Round(time.Millisecond))
+	rr.d, rr.wl.pid = next, next.Pid()
+	sleepCtx(rr.ctx, 5*time.Second) // both serve
+	rr.fault = time.Now()
+	rr.lateAfter = rr.fault
+	if err := old.Stop(); err != nil {
+		rr.fail("the first daemon's stop: %v", err)
+	}
+	rr.note("first daemon exited %s after SIGTERM", time.Since(rr.fault).Round(time.Millisecond))
+	sleepCtx(rr.ctx, 20*time.Second)
+	return nil
 }

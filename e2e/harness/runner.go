@@ -68,6 +68,8 @@ func DefaultRows() []Row {
 		{"forbidden", readyzRandomNode},
 		{"lb-restart", tcpRandom},
 		{"lb-restart", readyzRandom},
+		{"lb-upgrade", tcpRandom},
+		{"lb-upgrade", readyzRandom},
 	}
 }
 
@@ -198,6 +200,7 @@ type rowRun struct {
 	lateAfter time.Time // short-request failures after this are late
 
 	nodeCertExpiry time.Time // Mode.Node: when the first node certificate expires
+	handover       string    // the daemon's --handover-socket, if any
 }
 
 func (rr *rowRun) logf(format string, args ...any) {
@@ -238,6 +241,8 @@ type scenario struct {
 	nodeCertValidity time.Duration
 	// activated runs the daemon under socket activation (activation.go).
 	activated bool
+	// handover gives the daemon a --handover-socket (lbscenarios.go).
+	handover bool
 	// act injects the fault and observes; it sets rr.fault and
 	// rr.lateAfter. Its error means the row could not run.
 	act func(rr *rowRun) error
@@ -267,6 +272,11 @@ func (rr *rowRun) run(sc scenario) error {
 	static, err := rr.staticEndpoints(ctx, sc)
 	if err != nil {
 		return err
+	}
+	if sc.handover {
+		if err := rr.handoverSocket(); err != nil {
+			return err
+		}
 	}
 	if err := rr.startDaemon(ctx, static, sc.activated); err != nil {
 		return err
@@ -330,6 +340,7 @@ func (rr *rowRun) staticEndpoints(ctx context.Context, sc scenario) ([]string, e
 func (rr *rowRun) startDaemon(ctx context.Context, static []string, activated bool) error {
 	d, err := rr.r.C.StartDaemon(ctx, DaemonConfig{
 		Binary: rr.r.Binary, Mode: rr.row.Mode, Settings: rr.settings(), Endpoints: static, LogPath: rr.logPath, Activated: activated,
+		Handover: rr.handover,
 	})
 	if err != nil {
 		return err

@@ -45,6 +45,7 @@ var scenarios = map[string]scenario{
 	"rotation":   {act: actRotation, check: checkRotation, nodeCertValidity: rotationCertValidity},
 	"forbidden":  {act: actForbidden, check: checkForbidden},
 	"lb-restart": {act: actLBRestart, check: checkLBRestart, activated: true},
+	"lb-upgrade": {act: actLBUpgrade, check: checkLBRestart, handover: true},
 }
 
 // ScenarioDescriptions explain each scenario for the report.
@@ -71,6 +72,9 @@ var ScenarioDescriptions = map[string]string{
 	"lb-restart": "The daemon runs under socket activation (systemd-socket-activate holds its listening sockets " +
 		"and starts it again whenever it exits, as systemd with extractedprism.socket does); it gets SIGTERM, " +
 		"as from `systemctl restart`.",
+	"lb-upgrade": "The daemon runs with --handover-socket; a second instance is started beside it, as a " +
+		"DaemonSet rolling with maxSurge 1 does, takes its listening sockets over, and the first then gets " +
+		"SIGTERM and closes its connections spread over 10 s.",
 	"forbidden": "The RoleBinding of deploy/node-discovery-rbac.yaml is deleted and the daemon restarted with only " +
 		"cp1 static and the endpoint cache of its first run; the API servers refuse its discovery with 403. After 15 s " +
 		"the RoleBinding returns.",
