@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -770,6 +772,37 @@ func TestTemplateHandoverFollowsUID(t *testing.T) {
 	checkHandover(t, m)
 }
 
+// TestTemplateHandoverDirRuns runs the init container's command as the
+// render gives it, with the daemon built from this repository, on a
+// directory of the test's: it must leave the directory owned by the
+// daemon's user and group, mode 0700. The daemon's UID and GID are the
+// test's own, which chown needs no privilege for.
+func TestTemplateHandoverDirRuns(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run", "extractedprism")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	uid, gid := os.Getuid(), os.Getgid()
+	m := render(t, withEndpoints(map[string]any{
+		"handover":        map[string]any{"hostPath": dir},
+		"securityContext": map[string]any{"runAsUser": uid, "runAsGroup": gid},
+	}))
+	checkHandover(t, m)
+	ic := m.DaemonSet.Spec.Template.Spec.InitContainers[0]
+	out, err := exec.Command(daemonBinary(t), ic.Args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("extractedprism %s: %v\n%s", strings.Join(ic.Args, " "), err, out)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if int(st.Uid) != uid || int(st.Gid) != gid || fi.Mode().Perm() != 0o700 || !fi.IsDir() {
+		t.Errorf("after handover-dir: %s owned by %d:%d, mode %v; want a directory of %d:%d, mode 0700", dir, st.Uid, st.Gid, fi.Mode(), uid, gid)
+	}
+}
+
 // TestTemplatePortBySet changes one port with --set, the usual override:
 // helm gives it as an integer where the values file gives a float, and
 // both must reach the daemon as the decimal number it reads.
@@ -1049,6 +1082,7 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "localhost endpoint of the proxy's listener", values: map[string]any{"endpoints": []string{"localhost.:7445"}, "bindAddress": "localhost"}, daemon: []string{"own listener localhost:7445", "localhost.:7445"}},
 		{name: "unspecified endpoint of a loopback listener", values: map[string]any{"endpoints": []string{"[::]:7445"}, "bindAddress": "::1"}, daemon: []string{"own listener [::1]:7445", "[::]:7445"}},
 		{name: "loopback endpoint of a wildcard listener", values: map[string]any{"endpoints": []string{"[::ffff:127.0.0.9]:07445"}, "bindAddress": "0.0.0.0"}, daemon: []string{"own listener 0.0.0.0:7445", "127.0.0.9:7445"}},
+		{name: "hand-over socket path too long", values: withEndpoints(map[string]any{"handover": map[string]any{"hostPath": "/run/" + strings.Repeat("d", 80)}}), daemon: []string{"--handover-socket (EP_HANDOVER_SOCKET) must be an absolute file path of at most 98 bytes"}},
 		{name: "duration without unit", values: withEndpoints(map[string]any{"healthInterval": "20"}), daemon: []string{`EP_HEALTH_INTERVAL (--health-interval): invalid duration "20"`}},
 		{name: "duration beyond Go's range", values: withEndpoints(map[string]any{"drainTimeout": "2562048h"}), daemon: []string{`EP_DRAIN_TIMEOUT (--drain-timeout): invalid duration "2562048h"`}},
 		{name: "negative drain timeout", values: withEndpoints(map[string]any{"drainTimeout": "-1s"}), daemon: []string{"--drain-timeout (EP_DRAIN_TIMEOUT) must not be negative: got -1s"}},
