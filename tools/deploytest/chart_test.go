@@ -118,7 +118,7 @@ func templateCases(appVersion string) []templateCase {
 					"EP_HEALTH_CHECK_SERVER_NAME": "kubernetes.default.svc",
 					"EP_HEALTH_CHECK_TOKEN_FILE":  serviceAccountDir + "/token",
 					// The release's socket in the default directory.
-					"EP_HANDOVER_SOCKET": "/run/extractedprism/" + releaseName + ".sock",
+					"EP_HANDOVER_SOCKET": "/run/extractedprism-chart/" + releaseName + ".sock",
 				}
 				if got := envValues(t, c); !maps.Equal(got, wantEnv) {
 					t.Errorf("env = %v; want %v", got, wantEnv)
@@ -607,7 +607,7 @@ func templateCases(appVersion string) []templateCase {
 			name:   "handover without a surge",
 			values: withEndpoints(map[string]any{"handover": map[string]any{"surge": false}, "updateStrategy": map[string]any{"maxUnavailable": 2}}),
 			check: func(t *testing.T, m *manifest) {
-				if got, want := envValues(t, container(t, m))["EP_HANDOVER_SOCKET"], "/run/extractedprism/"+releaseName+".sock"; got != want {
+				if got, want := envValues(t, container(t, m))["EP_HANDOVER_SOCKET"], "/run/extractedprism-chart/"+releaseName+".sock"; got != want {
 					t.Errorf("EP_HANDOVER_SOCKET = %q; want %q", got, want)
 				}
 				if len(m.DaemonSet.Spec.Template.Spec.InitContainers) != 1 {
@@ -765,7 +765,7 @@ func TestTemplateMatrix(t *testing.T) {
 func TestTemplateHandoverFollowsUID(t *testing.T) {
 	m := render(t, withEndpoints(map[string]any{"securityContext": map[string]any{"runAsUser": 4000000000, "runAsGroup": 1000}}))
 	ics := m.DaemonSet.Spec.Template.Spec.InitContainers
-	want := []string{"handover-dir", "--uid", "4000000000", "--gid", "1000", "/run/extractedprism"}
+	want := []string{"handover-dir", "--uid", "4000000000", "--gid", "1000", "/run/extractedprism-chart"}
 	if len(ics) != 1 || !slices.Equal(ics[0].Args, want) {
 		t.Errorf("init containers %v; want one with args %v", ics, want)
 	}
