@@ -282,7 +282,7 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string, hangups <-chan os.S
 	}
 	pl := newPool(log, m, poolConfig{
 		interval: cfg.HealthInterval, timeout: cfg.HealthTimeout, drainTimeout: cfg.DrainTimeout,
-		quickRecheck: quickRecheck, sweep: true, readyz: cfg.HealthCheck == checkReadyz,
+		quickRecheck: quickRecheck, jitter: probeJitter, sweep: true, readyz: cfg.HealthCheck == checkReadyz,
 	}, check, sel)
 	d := &daemon{cfg: cfg, log: log, reg: reg, pool: pl, heartbeat: newHeartbeat(cfg.LivenessThreshold), listen: lbAddr, hangups: hangups}
 	limit, limitBy := maxConnections(openFilesLimit(), memoryLimit())

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -63,15 +64,24 @@ func closeAbortive(c net.Conn) {
 	_ = c.Close()
 }
 
+// probeJitter is the daemon's poolConfig.jitter: a fleet of nodes booted
+// together, or that all added an upstream at the same moment, would
+// otherwise probe each API server in lockstep, every node in the same
+// instant of each interval.
+const probeJitter = 0.1
+
 // probeLoop checks u at once and then every interval until ctx is done. Each
 // upstream has its own loop, so a black-holed upstream never delays the
 // checks of the others. After a failed check the next one starts
 // quickRecheck after it began (at once after a check that timed out), and a
-// failed client dial asks for one at once.
+// failed client dial asks for one at once. With jitter, the second check
+// comes at a random point of the first interval, so the loops of a fleet
+// take random phases, and each interval after it is varied; the first
+// check stays at once, as readiness at start waits for it.
 func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 	t := time.NewTimer(0)
 	defer t.Stop()
-	for {
+	for checks := 0; ; checks++ {
 		select {
 		case <-ctx.Done():
 			return
@@ -86,7 +96,7 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		if ctx.Err() != nil {
 			return // stopped mid-check: the result says nothing about u
 		}
-		next := p.cfg.interval
+		next := p.nextInterval(checks)
 		if isLocalExhaustion(res.err) || isLocalExhaustion(res.notReady) {
 			// Out of descriptors here: blaming u would mark every
 			// upstream dead at once. Try again next interval.
@@ -96,6 +106,20 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		}
 		t.Reset(next)
 	}
+}
+
+// nextInterval is the delay of the check after check number n (from 0)
+// when that one passed: interval, randomized as poolConfig.jitter says.
+func (p *pool) nextInterval(n int) time.Duration {
+	iv := p.cfg.interval
+	switch {
+	case p.cfg.jitter == 0:
+		return iv
+	case n == 0:
+		return time.Duration(rand.Int64N(int64(iv)) + 1) //nolint:gosec // spreading needs no unpredictability
+	}
+	spread := int64(float64(iv) * p.cfg.jitter)
+	return iv - time.Duration(spread) + time.Duration(rand.Int64N(2*spread+1)) //nolint:gosec // as above
 }
 
 // readyzProbe is the --health-check=readyz check: a TCP connect, then an

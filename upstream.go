@@ -101,6 +101,11 @@ type poolConfig struct {
 	// quickRecheck: the delay of the check that follows a failed one, so two
 	// failures take seconds rather than two intervals; 0 turns it off.
 	interval, timeout, drainTimeout, quickRecheck time.Duration
+	// jitter spreads the checks of a fleet started together: the check
+	// after the first comes at a random point of the interval, and each
+	// interval after it varies by up to this fraction either way (see
+	// probeLoop); 0 keeps the checks exactly interval apart.
+	jitter float64
 	// sweep: see sweep.go. readyz: readiness is part of selection, and
 	// checks return probe results.
 	sweep, readyz bool

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1385,4 +1386,56 @@ func TestDrainsInProgress(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestProbeJitter starts 40 upstreams at the same instant, as a fleet
+// booted together adds them: every first check is at once, the second ones
+// spread over the first interval, and each interval after them lies within
+// 10 % of the configured one without all being equal. Without jitter the
+// checks stay exactly one interval apart.
+func TestProbeJitter(t *testing.T) {
+	const iv = 10 * time.Second
+	addrs := make([]string, 40)
+	for i := range addrs {
+		addrs[i] = "10.0.0." + strconv.Itoa(i+1) + ":6443"
+	}
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		tp := poolOf(t, poolConfig{interval: iv, timeout: time.Second, drainTimeout: time.Second, jitter: 0.1}, addrs...)
+		time.Sleep(5*iv + time.Second)
+		synctest.Wait()
+		var second []time.Duration
+		gaps := map[time.Duration]bool{}
+		for _, a := range addrs {
+			at := tp.checks.times(a)
+			if len(at) < 5 || !at[0].Equal(start) {
+				t.Fatalf("%s: checks at %v; want the first at once and at least 5", a, at)
+			}
+			second = append(second, at[1].Sub(at[0]))
+			for i := 2; i < len(at); i++ {
+				gap := at[i].Sub(at[i-1])
+				if gap < iv*9/10 || gap > iv*11/10 {
+					t.Errorf("%s: %v between checks %d and %d; want within 10%% of %v", a, gap, i-1, i, iv)
+				}
+				gaps[gap] = true
+			}
+		}
+		if slices.Min(second) > iv/5 || slices.Max(second) < iv*4/5 {
+			t.Errorf("second checks from %v to %v after the first; want them spread over %v", slices.Min(second), slices.Max(second), iv)
+		}
+		if len(gaps) < 10 {
+			t.Errorf("%d distinct intervals; want them varied", len(gaps))
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		tp := poolOf(t, poolConfig{interval: iv, timeout: time.Second, drainTimeout: time.Second}, addrs[0])
+		time.Sleep(3*iv + time.Second)
+		synctest.Wait()
+		at := tp.checks.times(addrs[0])
+		for i := 1; i < len(at); i++ {
+			if gap := at[i].Sub(at[i-1]); gap != iv {
+				t.Errorf("without jitter: %v between checks; want %v", gap, iv)
+			}
+		}
+	})
 }

@@ -213,3 +213,6 @@ func freePorts(n int) ([]int, error) {
 	}
 	return ports, nil
 }
+
+// APIServerPid is the kube-apiserver's process id, for reading its CPU time.
+func (l *Local) APIServerPid() int { return l.apiserver.Pid() }

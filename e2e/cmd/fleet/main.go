@@ -1,0 +1,300 @@
+// Command fleet measures what a fleet of extractedprism daemons costs one
+// real kube-apiserver: it starts etcd and kube-apiserver on 127.0.0.1, then
+// for each daemon binary given, -nodes daemons probing it with readyz (a
+// client certificate, as the kubelet's), and reports the API server's CPU
+// seconds per 1,000 probes, probes per second, and the peak of new
+// connections per 100 ms against the mean (the lockstep a fleet started
+// together probes in). A probe is counted as a TCP connection the host
+// accepted (Tcp PassiveOpens in /proc/net/snmp): every probe connects
+// afresh, and nothing else connects meanwhile. Every daemon runs discovery
+// too (an admin kubeconfig), so its start-up list is one of the fleet's
+// lists; the API server's metrics then say where those lists were served
+// from: the watch cache or etcd.
+//
+//	go run ./cmd/fleet -daemon before=/tmp/ep-old -daemon after=/tmp/ep-new
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/extractedprism/extractedprism/e2e/controlplane"
+	"github.com/extractedprism/extractedprism/e2e/pki"
+	"github.com/extractedprism/extractedprism/e2e/proc"
+)
+
+type daemonFlag []string
+
+func (d *daemonFlag) String() string     { return strings.Join(*d, ",") }
+func (d *daemonFlag) Set(s string) error { *d = append(*d, s); return nil }
+
+type options struct {
+	nodes              int
+	interval, duration time.Duration
+	daemons            daemonFlag // name=path
+}
+
+// result is one daemon binary's figures.
+type result struct {
+	name                 string
+	probes               int
+	apiCPU, idleCPU      time.Duration // over the measured window, and the same window idle
+	peak100ms, mean100ms float64
+	lists                listFigures
+}
+
+// listFigures are the API server's counts of EndpointSlice lists: served
+// from the watch cache, read from etcd, and the etcd requests for the
+// current revision a consistent list from the cache makes.
+type listFigures struct{ cache, etcd, currentRV int }
+
+func main() {
+	var o options
+	flag.IntVar(&o.nodes, "nodes", 100, "daemons to run, each a node")
+	flag.DurationVar(&o.interval, "interval", 5*time.Second, "the daemons' --health-interval")
+	flag.DurationVar(&o.duration, "duration", 30*time.Second, "measured window per binary")
+	flag.Var(&o.daemons, "daemon", "name=path of an extractedprism binary; repeat to compare")
+	flag.Parse()
+	if len(o.daemons) == 0 {
+		fmt.Fprintln(os.Stderr, "fleet: give at least one -daemon name=path")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "fleet:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	var results []result
+	for _, d := range o.daemons {
+		name, path, ok := strings.Cut(d, "=")
+		if !ok {
+			return fmt.Errorf("-daemon %q: want name=path", d)
+		}
+		r, err := measure(ctx, o, name, path)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		results = append(results, r)
+	}
+	report(o, results)
+	return nil
+}
+
+// measure runs one fleet of binary against a new control plane.
+func measure(ctx context.Context, o options, name, binary string) (result, error) {
+	l, err := controlplane.StartLocal(ctx, controlplane.LocalOptions{})
+	if err != nil {
+		return result{}, err
+	}
+	defer l.Stop()
+	client, err := l.CA.Client("node", "system:node:fleet", "system:nodes")
+	if err != nil {
+		return result{}, err
+	}
+	r := result{name: name}
+	lists0, err := readLists(l)
+	if err != nil {
+		return r, err
+	}
+	// The API server alone, over the same window, for what it costs idle.
+	idle0 := cpuTime(l.APIServerPid())
+	time.Sleep(o.duration)
+	r.idleCPU = cpuTime(l.APIServerPid()) - idle0
+	daemons, err := startFleet(o, binary, l, client)
+	defer stopFleet(daemons)
+	if err != nil {
+		return r, err
+	}
+	time.Sleep(2 * o.interval) // every daemon past its first checks
+	cpu0, opens0 := cpuTime(l.APIServerPid()), passiveOpens()
+	r.peak100ms, r.mean100ms = sampleOpens(ctx, o.duration)
+	r.apiCPU = cpuTime(l.APIServerPid()) - cpu0
+	r.probes = passiveOpens() - opens0
+	lists1, err := readLists(l)
+	if err != nil {
+		return r, err
+	}
+	r.lists = listFigures{lists1.cache - lists0.cache, lists1.etcd - lists0.etcd, lists1.currentRV - lists0.currentRV}
+	for _, d := range daemons {
+		if exited, err := d.Exited(); exited {
+			return r, fmt.Errorf("a daemon exited (%v): %s", err, d.Tail(1000))
+		}
+	}
+	return r, nil
+}
+
+func startFleet(o options, binary string, l *controlplane.Local, client pki.Pair) ([]*proc.Process, error) {
+	var ps []*proc.Process
+	for i := range o.nodes {
+		port := 20000 + 2*i
+		p, err := proc.Start("extractedprism", filepath.Join(l.Dir, "daemon-"+strconv.Itoa(i)+".log"), []string{binary,
+			"--endpoints", l.Addr, "--kubeconfig", l.Kubeconfig, "--bind-port", strconv.Itoa(port), "--health-port", strconv.Itoa(port + 1),
+			"--health-check", "readyz", "--health-check-ca-file", l.CA.CertFile(), "--health-check-server-name", "kubernetes.default.svc",
+			"--health-check-cert-file", client.Cert, "--health-check-key-file", client.Key,
+			"--health-interval", o.interval.String(), "--health-timeout", (o.interval / 2).String(), "--log-level", "warn",
+		}, nil)
+		if err != nil {
+			return ps, err
+		}
+		ps = append(ps, p)
+	}
+	return ps, nil
+}
+
+func stopFleet(ps []*proc.Process) {
+	for _, p := range ps {
+		_ = p.Signal(syscall.SIGTERM)
+	}
+	for _, p := range ps {
+		_ = p.Stop(10 * time.Second)
+	}
+}
+
+// readLists reads the EndpointSlice list counters from the API server's
+// metrics.
+func readLists(l *controlplane.Local) (listFigures, error) {
+	cfg, err := controlplane.ClientTLS(l.CA, l.Admin, "")
+	if err != nil {
+		return listFigures{}, err
+	}
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
+	resp, err := c.Get("https://" + l.Addr + "/metrics")
+	if err != nil {
+		return listFigures{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return listFigures{}, err
+	}
+	var f listFigures
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if !strings.Contains(line, `resource="endpointslices"`) {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(line, "apiserver_storage_list_total{") && strings.Contains(line, `storage="watchcache"`):
+			f.cache += counterValue(line)
+		case strings.HasPrefix(line, "apiserver_storage_list_total{"):
+			f.etcd += counterValue(line)
+		case strings.HasPrefix(line, "etcd_request_duration_seconds_count{") && strings.Contains(line, `operation="getCurrentResourceVersion"`):
+			f.currentRV += counterValue(line)
+		}
+	}
+	return f, nil
+}
+
+func counterValue(line string) int {
+	v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+	return int(v)
+}
+
+// sampleOpens counts accepted connections per 100 ms over d and returns
+// the peak and the mean.
+func sampleOpens(ctx context.Context, d time.Duration) (peak, mean float64) {
+	var counts []int
+	last := passiveOpens()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		select {
+		case <-ctx.Done():
+			return 0, 0
+		case <-t.C:
+		}
+		n := passiveOpens()
+		counts = append(counts, n-last)
+		last = n
+	}
+	if len(counts) == 0 {
+		return 0, 0
+	}
+	sum := 0
+	for _, c := range counts {
+		sum += c
+	}
+	return float64(slices.Max(counts)), float64(sum) / float64(len(counts))
+}
+
+// cpuTime is the user and system time of pid from /proc/<pid>/stat.
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The fields after the command, which is in parentheses and may hold spaces.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.Atoi(f[11])
+	stime, _ := strconv.Atoi(f[12])
+	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
+}
+
+// passiveOpens is the host's Tcp PassiveOpens counter.
+func passiveOpens() int {
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		return 0
+	}
+	var names []string
+	for line := range strings.SplitSeq(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "Tcp: ")
+		if !ok {
+			continue
+		}
+		if names == nil {
+			names = strings.Fields(rest)
+			continue
+		}
+		if i := slices.Index(names, "PassiveOpens"); i >= 0 {
+			if v := strings.Fields(rest); i < len(v) {
+				n, _ := strconv.Atoi(v[i])
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+func report(o options, rs []result) {
+	fmt.Printf("fleet: %d daemons, readyz every %s (client certificate), %s measured per binary, one kube-apiserver\n\n", o.nodes, o.interval, o.duration)
+	fmt.Println("| daemon | probes | probes/s | API server CPU s per 1,000 probes (idle subtracted) | new connections per 100 ms, peak / mean |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, r := range rs {
+		per := 0.0
+		if r.probes > 0 {
+			per = (r.apiCPU - r.idleCPU).Seconds() * 1000 / float64(r.probes)
+		}
+		fmt.Printf("| %s | %d | %.1f | %.3f | %.0f / %.1f |\n", r.name, r.probes, float64(r.probes)/o.duration.Seconds(), per, r.peak100ms, r.mean100ms)
+	}
+	fmt.Println("\n| daemon | EndpointSlice lists from the watch cache | from etcd | etcd requests for the current revision |")
+	fmt.Println("|---|---|---|---|")
+	for _, r := range rs {
+		fmt.Printf("| %s | %d | %d | %d |\n", r.name, r.lists.cache, r.lists.etcd, r.lists.currentRV)
+	}
+	if len(rs) == 2 && rs[1].probes > 0 && rs[0].probes > 0 {
+		a := (rs[0].apiCPU - rs[0].idleCPU).Seconds() / float64(rs[0].probes)
+		b := (rs[1].apiCPU - rs[1].idleCPU).Seconds() / float64(rs[1].probes)
+		if b > 0 {
+			fmt.Printf("\n%s costs the API server %.1f times less per probe than %s\n", rs[1].name, a/b, rs[0].name)
+		}
+	}
+}
