@@ -611,7 +611,7 @@ func TestHostileReadyzUpstreams(t *testing.T) {
 		}
 		cc := &rzCountingConn{Conn: raw}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = probe.probe(ctx, cc)
+		_, _, _ = probe.probe(ctx, cc)
 		cancel()
 		closeAbortive(raw)
 		if n := cc.read.Load(); n > 2*maxReadyzResponse {

@@ -140,7 +140,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	// which may appear later: an unreadable one fails start-up. Probes still
 	// re-read it, so it can rotate.
 	if cfg.HealthCheck == checkReadyz {
-		if _, err := (&readyzProbe{caFile: cfg.HealthCheckCAFile}).tlsConfig(); err != nil {
+		if _, _, err := (&readyzProbe{caFile: cfg.HealthCheckCAFile}).tlsConfig(); err != nil {
 			return fmt.Errorf("%s: %w", flagRef("health-check-ca-file"), err)
 		}
 	}
@@ -273,17 +273,20 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string, hangups <-chan os.S
 	if cfg.UpstreamSelection == selectLatency {
 		sel = newLatencySelector(m)
 	}
-	check := tcpCheck
-	if cfg.HealthCheck == checkReadyz {
-		check = (&readyzProbe{
-			caFile: cfg.HealthCheckCAFile, certFile: cfg.HealthCheckCertFile, keyFile: cfg.HealthCheckKeyFile,
-			tokenFile: cfg.HealthCheckTokenFile, serverName: cfg.HealthCheckServerName,
-		}).check
-	}
-	pl := newPool(log, m, poolConfig{
+	pc := poolConfig{
 		interval: cfg.HealthInterval, timeout: cfg.HealthTimeout, drainTimeout: cfg.DrainTimeout,
 		quickRecheck: quickRecheck, jitter: probeJitter, sweep: true, readyz: cfg.HealthCheck == checkReadyz,
-	}, check, sel)
+		closeSpread: closeSpread,
+	}
+	check := tcpCheck
+	if cfg.HealthCheck == checkReadyz {
+		rp := &readyzProbe{
+			caFile: cfg.HealthCheckCAFile, certFile: cfg.HealthCheckCertFile, keyFile: cfg.HealthCheckKeyFile,
+			tokenFile: cfg.HealthCheckTokenFile, serverName: cfg.HealthCheckServerName,
+		}
+		check, pc.forget = rp.check, rp.kept.forget
+	}
+	pl := newPool(log, m, pc, check, sel)
 	d := &daemon{cfg: cfg, log: log, reg: reg, pool: pl, heartbeat: newHeartbeat(cfg.LivenessThreshold), listen: lbAddr, hangups: hangups}
 	limit, limitBy := maxConnections(openFilesLimit(), memoryLimit())
 	d.proxy, d.limitBy = newProxy(log.With("component", "proxy"), m, pl, cfg.HealthTimeout, limit), limitBy

@@ -1,18 +1,18 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 )
@@ -58,6 +58,9 @@ func connectTimed(ctx context.Context, addr string) (net.Conn, time.Duration, er
 // normally leaves a TIME_WAIT socket behind for every check; one check every
 // few seconds from every node adds up on the API servers.
 func closeAbortive(c net.Conn) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn() // the reset goes to the socket underneath
+	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0) // best effort: a plain close is still correct
 	}
@@ -81,6 +84,9 @@ const probeJitter = 0.1
 func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 	t := time.NewTimer(0)
 	defer t.Stop()
+	if p.cfg.forget != nil {
+		defer p.cfg.forget(u.addr)
+	}
 	for checks := 0; ; checks++ {
 		select {
 		case <-ctx.Done():
@@ -123,10 +129,11 @@ func (p *pool) nextInterval(n int) time.Duration {
 }
 
 // readyzProbe is the --health-check=readyz check: a TCP connect, then an
-// HTTPS GET /readyz on the same connection, both within the check deadline.
-// Credentials are read from their files on every probe, so rotation needs
-// no restart, and a credential that does not exist yet fails the probe, not
-// the daemon.
+// HTTPS GET /readyz, both within the check deadline. The request goes over
+// the upstream's kept connection when there is one (see keptprobe.go), else
+// over the connection just made, which is then kept. Credentials are read
+// from their files on every probe, so rotation needs no restart, and a
+// credential that does not exist yet fails the probe, not the daemon.
 type readyzProbe struct {
 	// certFile and keyFile hold the client certificate and may be one
 	// file; tokenFile holds a bearer token.
@@ -135,6 +142,7 @@ type readyzProbe struct {
 	// readFile, if set, replaces readFileAtMost for the credentials: tests
 	// rotate a file between two reads with it.
 	readFile func(path string) ([]byte, error)
+	kept     keptConns
 }
 
 // maxCredentialBytes bounds each credential file a probe reads: a CA bundle
@@ -157,56 +165,115 @@ var errNotReady = errors.New("readyz: not ready")
 func (r *readyzProbe) check(ctx context.Context, addr string) checkResult {
 	c, rtt, err := connectTimed(ctx, addr)
 	if err != nil {
+		r.kept.forget(addr) // refused or unreachable: the kept connection is of no use
 		return checkResult{err: err}
 	}
-	defer closeAbortive(c)
-	// Reads and writes on c heed only its deadline; cancelling ctx (the
-	// pool shutting down, the upstream draining) must end them too.
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	kc := r.kept.take(addr)
+	// Reads and writes heed only deadlines; cancelling ctx (the pool
+	// shutting down, the upstream draining) must end them too.
+	stop := context.AfterFunc(ctx, func() {
+		_ = c.SetDeadline(time.Unix(1, 0))
+		if kc != nil {
+			_ = kc.tc.SetDeadline(time.Unix(1, 0))
+		}
+	})
 	defer stop()
-	return checkResult{rtt: rtt, probed: true, notReady: r.probe(ctx, c)}
+	return checkResult{rtt: rtt, probed: true, notReady: r.probeKept(ctx, addr, c, kc)}
 }
 
-// probe sends GET /readyz over c and reports nil for a 200 answer. Redirects
-// are not followed: they are answers other than 200.
-func (r *readyzProbe) probe(ctx context.Context, c net.Conn) error {
+// probeKept asks over kc when it may serve, and over the fresh connection
+// c otherwise, or when kc fails before an answer: an upstream closes idle
+// connections, and a restart closes them all, which is no reason to fail a
+// probe that a fresh connection passes. Both connections are its to close;
+// the one that answered is kept when it may serve the next probe.
+func (r *readyzProbe) probeKept(ctx context.Context, addr string, c net.Conn, kc *keptConn) error {
+	if kc != nil {
+		if _, sum, err := r.tlsConfig(); err == nil && kc.usable(sum, time.Now()) {
+			answered, reusable, err := r.ask(ctx, kc)
+			if answered || errors.Is(err, os.ErrDeadlineExceeded) {
+				// An answer, or the whole deadline spent waiting for one.
+				closeAbortive(c)
+				r.keep(addr, kc, answered && reusable)
+				return err
+			}
+		}
+		closeAbortive(kc.tc)
+	}
+	kc, reusable, err := r.probe(ctx, c)
+	if kc != nil {
+		r.keep(addr, kc, reusable)
+	}
+	return err
+}
+
+func (r *readyzProbe) keep(addr string, kc *keptConn, reusable bool) {
+	if reusable {
+		r.kept.put(addr, kc)
+		return
+	}
+	closeAbortive(kc.tc)
+}
+
+// probe sends GET /readyz over a TLS connection on c and reports nil for a
+// 200 answer. Redirects are not followed: they are answers other than 200.
+// kc, when not nil, is the TLS connection that answered, the caller's to
+// keep (reusable) or close; with kc nil, c is closed.
+func (r *readyzProbe) probe(ctx context.Context, c net.Conn) (kc *keptConn, reusable bool, err error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
-	cfg, err := r.tlsConfig()
+	cfg, sum, err := r.tlsConfig()
 	if err != nil {
-		return err
+		closeAbortive(c)
+		return nil, false, err
 	}
 	tc := tls.Client(c, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
-		return fmt.Errorf("readyz: TLS handshake: %w", err)
+		closeAbortive(c)
+		return nil, false, fmt.Errorf("readyz: TLS handshake: %w", err)
+	}
+	kc = &keptConn{tc: tc, creds: sum, since: time.Now()}
+	answered, reusable, err := r.ask(ctx, kc)
+	if !answered {
+		closeAbortive(c)
+		return nil, false, err
+	}
+	return kc, reusable, err
+}
+
+// ask sends GET /readyz over kc within ctx's deadline. answered is set when
+// the upstream's status was read, or the request could not be made here
+// (a token file missing): either way another connection would fare no
+// better. reusable says kc may carry the next probe.
+func (r *readyzProbe) ask(ctx context.Context, kc *keptConn) (answered, reusable bool, err error) {
+	if dl, ok := ctx.Deadline(); ok {
+		_ = kc.tc.SetDeadline(dl)
 	}
 	req, err := r.request(ctx)
 	if err != nil {
-		return err
+		return true, true, err
 	}
-	if err := req.Write(tc); err != nil {
-		return fmt.Errorf("readyz: send request: %w", err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(io.LimitReader(tc, maxReadyzResponse)), req)
+	status, reusable, err := readyzRoundTrip(kc.tc, req)
 	if err != nil {
-		return fmt.Errorf("readyz: read response: %w", err)
+		return false, false, err
 	}
-	_ = resp.Body.Close() // the connection is closed right after
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%w: status %d", errNotReady, resp.StatusCode)
+	if status != http.StatusOK {
+		return true, reusable, fmt.Errorf("%w: status %d", errNotReady, status)
 	}
-	return nil
+	return true, reusable, nil
 }
 
-func (r *readyzProbe) tlsConfig() (*tls.Config, error) {
+// tlsConfig builds the probe's TLS configuration from the credential
+// files, and returns the sum that identifies them (see credsSum).
+func (r *readyzProbe) tlsConfig() (*tls.Config, [sha256.Size]byte, error) {
+	var sum [sha256.Size]byte
 	caPEM, err := r.read(r.caFile)
 	if err != nil {
-		return nil, fmt.Errorf("readyz: read CA: %w", err)
+		return nil, sum, fmt.Errorf("readyz: read CA: %w", err)
 	}
 	roots := x509.NewCertPool()
 	if !roots.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("readyz: no certificate in CA file %s", r.caFile)
+		return nil, sum, fmt.Errorf("readyz: no certificate in CA file %s", r.caFile)
 	}
 	cfg := &tls.Config{
 		RootCAs:    roots,
@@ -214,14 +281,15 @@ func (r *readyzProbe) tlsConfig() (*tls.Config, error) {
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
 	}
-	if r.certFile != "" {
-		cert, err := r.keyPair()
-		if err != nil {
-			return nil, fmt.Errorf("readyz: load client certificate: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
+	if r.certFile == "" {
+		return cfg, credsSum(caPEM, nil), nil
 	}
-	return cfg, nil
+	cert, err := r.keyPair()
+	if err != nil {
+		return nil, sum, fmt.Errorf("readyz: load client certificate: %w", err)
+	}
+	cfg.Certificates = []tls.Certificate{cert}
+	return cfg, credsSum(caPEM, &cert), nil
 }
 
 // keyPair reads the client certificate and key. One file holding both, as
@@ -263,7 +331,6 @@ func (r *readyzProbe) request(ctx context.Context) (*http.Request, error) {
 		return nil, fmt.Errorf("readyz: %w", err)
 	}
 	req.Header.Set("User-Agent", "extractedprism")
-	req.Close = true
 	if r.tokenFile != "" {
 		tok, err := r.read(r.tokenFile)
 		if err != nil {

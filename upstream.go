@@ -109,6 +109,13 @@ type poolConfig struct {
 	// sweep: see sweep.go. readyz: readiness is part of selection, and
 	// checks return probe results.
 	sweep, readyz bool
+	// forget, if set, is told of an upstream whose probe loop ended, so a
+	// check that keeps a connection per upstream closes it.
+	forget func(addr string)
+	// closeSpread: the last part of a drain's or an eviction's grace over
+	// which the upstream's connections close (see spread.go); 0 closes
+	// them in one instant at its end.
+	closeSpread time.Duration
 }
 
 // pool owns the set of upstreams: it adds and drains them as the endpoint
@@ -123,7 +130,11 @@ type pool struct {
 
 	ctx    context.Context //nolint:containedctx // the pool's lifetime, parent of its probes; close cancels it
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // probe loops and pending deadlines
+	// spreadCtx ends the spread closers (see spread.go): closeConns and
+	// close cancel it.
+	spreadCtx  context.Context //nolint:containedctx // as ctx
+	stopSpread context.CancelFunc
+	wg         sync.WaitGroup // probe loops, pending deadlines and spread closers
 
 	// mu guards upstreams, closed, notes and the mutable fields of every
 	// upstream.
@@ -138,6 +149,7 @@ type pool struct {
 func newPool(log *slog.Logger, m *metrics, cfg poolConfig, check checkFunc, sel selector) *pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &pool{log: log, m: m, cfg: cfg, check: check, sel: sel, ctx: ctx, cancel: cancel, upstreams: map[string]*upstream{}}
+	p.spreadCtx, p.stopSpread = context.WithCancel(ctx)
 	p.snap.Store(&snapshot{})
 	return p
 }
@@ -285,10 +297,17 @@ func (p *pool) startDrainLocked(u *upstream) {
 	}
 	u.drainDeadline = time.Now().Add(p.cfg.drainTimeout)
 	p.note(u, slog.LevelInfo, "upstream draining", "connections", len(u.conns), "timeout", p.cfg.drainTimeout)
-	p.arm(&u.drain, p.cfg.drainTimeout, func() {
-		p.note(u, slog.LevelInfo, "drain timeout expired, closing connections", "connections", len(u.conns))
-		p.removeLocked(u)
-		p.publishLocked()
+	w := p.spreadWindow()
+	p.arm(&u.drain, p.cfg.drainTimeout-w, func() {
+		if w > 0 {
+			p.note(u, slog.LevelInfo, "drain timeout ending: closing connections", "connections", len(u.conns), "over", w)
+			p.closeSpreadLocked(u, w)
+		}
+		p.arm(&u.drain, w, func() {
+			p.note(u, slog.LevelInfo, "drain timeout expired, closing connections", "connections", len(u.conns))
+			p.removeLocked(u)
+			p.publishLocked()
+		})
 	})
 }
 
@@ -514,8 +533,10 @@ func (p *pool) conns() []*proxyConn {
 	return all
 }
 
-// closeConns force-closes every attached connection, for shutdown.
+// closeConns force-closes every attached connection, and those still
+// waiting for their spread close, for shutdown.
 func (p *pool) closeConns() {
+	p.stopSpread()
 	p.mu.Lock()
 	defer p.unlock()
 	for _, u := range p.upstreams {
@@ -607,20 +628,25 @@ func (p *pool) startEvictionLocked(u *upstream) {
 	if u.rd.graceFrom.IsZero() {
 		u.rd.graceFrom = time.Now()
 	}
-	delay := p.cfg.drainTimeout - time.Since(u.rd.graceFrom)
-	if p.cfg.drainTimeout == 0 || delay <= 0 {
-		p.evictLocked(u)
+	delay, w := p.cfg.drainTimeout-time.Since(u.rd.graceFrom), p.spreadWindow()
+	switch {
+	case p.cfg.drainTimeout == 0 || delay <= 0:
+		p.evictLocked(u, 0)
+		return
+	case delay <= w: // the verdict came within the window: what is left of it
+		p.evictLocked(u, delay)
 		return
 	}
 	p.note(u, slog.LevelInfo, "upstream not ready while another is: closing its connections after the drain timeout",
 		"connections", len(u.conns), "timeout", p.cfg.drainTimeout, "in", delay.Round(time.Millisecond))
-	p.arm(&u.evict, delay, func() { p.evictLocked(u) })
+	p.arm(&u.evict, delay-w, func() { p.evictLocked(u, w) })
 }
 
-func (p *pool) evictLocked(u *upstream) {
+// evictLocked closes u's connections over window (see spread.go).
+func (p *pool) evictLocked(u *upstream, window time.Duration) {
 	u.evicted = true
-	p.note(u, slog.LevelInfo, "closing connections of unready upstream", "connections", len(u.conns))
-	u.closeConns()
+	p.note(u, slog.LevelInfo, "closing connections of unready upstream", "connections", len(u.conns), "over", window)
+	p.closeSpreadLocked(u, window)
 }
 
 // pick returns a pickable upstream that is not in tried, or nil: a random

@@ -26,6 +26,8 @@ type Local struct {
 	Kubeconfig string // admin kubeconfig (system:masters client certificate)
 	CA         *pki.CA
 	Admin      pki.Pair
+	EtcdURL    string // etcd's client URL
+	SA         pki.Pair
 
 	etcd      *proc.Process
 	apiserver *proc.Process
@@ -91,6 +93,7 @@ func StartLocal(ctx context.Context, o LocalOptions) (*Local, error) {
 		return nil, err
 	}
 	clientURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
+	l.EtcdURL, l.SA = clientURL, sa
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	l.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2]))
 

@@ -43,6 +43,12 @@ type options struct {
 	nodes              int
 	interval, duration time.Duration
 	daemons            daemonFlag // name=path
+	profile            string     // a directory for the API server's CPU profiles, or ""
+	kinds              string     // probe kinds to measure instead of daemons
+	rate               int        // probes per second of each kind
+	fault              string     // removal or quorum: measure the moves after it instead
+	watchers           int        // long-lived connections per daemon, with -fault
+	drain              time.Duration
 }
 
 // result is one daemon binary's figures.
@@ -65,13 +71,35 @@ func main() {
 	flag.DurationVar(&o.interval, "interval", 5*time.Second, "the daemons' --health-interval")
 	flag.DurationVar(&o.duration, "duration", 30*time.Second, "measured window per binary")
 	flag.Var(&o.daemons, "daemon", "name=path of an extractedprism binary; repeat to compare")
+	flag.StringVar(&o.profile, "profile", "", "write the API server's CPU profile over each measured window to DIR/<name>.pprof")
+	flag.StringVar(&o.kinds, "kinds", "", "measure these probe kinds (connect,full,resume,kept,kept-only,full-anon,kept-anon) instead of daemons")
+	flag.IntVar(&o.rate, "rate", 100, "probes per second of each kind, with -kinds")
+	flag.StringVar(&o.fault, "fault", "", "removal or quorum: the fault of one of 3 API servers to measure the fleet's reconnects after")
+	flag.IntVar(&o.watchers, "watchers", 6, "long-lived connections (watches) per daemon, with -fault")
+	flag.DurationVar(&o.drain, "drain-timeout", 5*time.Second, "the daemons' --drain-timeout, with -fault")
 	flag.Parse()
-	if len(o.daemons) == 0 {
-		fmt.Fprintln(os.Stderr, "fleet: give at least one -daemon name=path")
-		os.Exit(2)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if o.fault != "" {
+		if err := runFaults(ctx, o); err != nil {
+			fmt.Fprintln(os.Stderr, "fleet:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if o.kinds != "" {
+		rs, err := measureKinds(ctx, o, splitKinds(o.kinds), o.rate)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fleet:", err)
+			os.Exit(1)
+		}
+		reportKinds(o, o.rate, rs)
+		return
+	}
+	if len(o.daemons) == 0 {
+		fmt.Fprintln(os.Stderr, "fleet: give at least one -daemon name=path, or -kinds")
+		os.Exit(2)
+	}
 	if err := run(ctx, o); err != nil {
 		fmt.Fprintln(os.Stderr, "fleet:", err)
 		os.Exit(1)
@@ -97,7 +125,7 @@ func run(ctx context.Context, o options) error {
 
 // measure runs one fleet of binary against a new control plane.
 func measure(ctx context.Context, o options, name, binary string) (result, error) {
-	l, err := controlplane.StartLocal(ctx, controlplane.LocalOptions{})
+	l, err := controlplane.StartLocal(ctx, localOptions(o))
 	if err != nil {
 		return result{}, err
 	}
@@ -122,9 +150,14 @@ func measure(ctx context.Context, o options, name, binary string) (result, error
 	}
 	time.Sleep(2 * o.interval) // every daemon past its first checks
 	cpu0, opens0 := cpuTime(l.APIServerPid()), passiveOpens()
+	profiled := make(chan error, 1)
+	go func() { profiled <- profile(o, name, l) }()
 	r.peak100ms, r.mean100ms = sampleOpens(ctx, o.duration)
 	r.apiCPU = cpuTime(l.APIServerPid()) - cpu0
 	r.probes = passiveOpens() - opens0
+	if err := <-profiled; err != nil {
+		return r, err
+	}
 	lists1, err := readLists(l)
 	if err != nil {
 		return r, err
@@ -136,6 +169,14 @@ func measure(ctx context.Context, o options, name, binary string) (result, error
 		}
 	}
 	return r, nil
+}
+
+func localOptions(o options) controlplane.LocalOptions {
+	var lo controlplane.LocalOptions
+	if o.profile != "" {
+		lo.ExtraAPIServerArgs = []string{"--profiling=true"} // the last of a flag wins
+	}
+	return lo
 }
 
 func startFleet(o options, binary string, l *controlplane.Local, client pki.Pair) ([]*proc.Process, error) {
@@ -165,20 +206,42 @@ func stopFleet(ps []*proc.Process) {
 	}
 }
 
+// profile fetches the API server's CPU profile over the measured window
+// into o.profile/<name>.pprof, when asked for; its own connection is one
+// more accepted connection, against hundreds of probes.
+func profile(o options, name string, l *controlplane.Local) error {
+	if o.profile == "" {
+		return nil
+	}
+	body, err := adminGet(l, "/debug/pprof/profile?seconds="+strconv.Itoa(int(o.duration.Seconds())), o.duration+30*time.Second)
+	if err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	return os.WriteFile(filepath.Join(o.profile, name+".pprof"), body, 0o644)
+}
+
+// adminGet reads path from the API server as its admin.
+func adminGet(l *controlplane.Local, path string, timeout time.Duration) ([]byte, error) {
+	cfg, err := controlplane.ClientTLS(l.CA, l.Admin, "")
+	if err != nil {
+		return nil, err
+	}
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: timeout}
+	resp, err := c.Get("https://" + l.Addr + path)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
+}
+
 // readLists reads the EndpointSlice list counters from the API server's
 // metrics.
 func readLists(l *controlplane.Local) (listFigures, error) {
-	cfg, err := controlplane.ClientTLS(l.CA, l.Admin, "")
-	if err != nil {
-		return listFigures{}, err
-	}
-	c := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}
-	resp, err := c.Get("https://" + l.Addr + "/metrics")
-	if err != nil {
-		return listFigures{}, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	body, err := adminGet(l, "/metrics", 10*time.Second)
 	if err != nil {
 		return listFigures{}, err
 	}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"crypto/sha256"
+	"crypto/tls"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// kpServer is a fake API server that counts what the probes cost it: TCP
+// connections accepted, TLS handshakes, and requests, with the client
+// certificate's name of the last request.
+type kpServer struct {
+	srv              *httptest.Server
+	addr             string
+	accepted, closed atomic.Int32
+	handshakes, reqs atomic.Int32
+	status           atomic.Int32
+	hang             atomic.Bool   // /readyz waits for release
+	release          chan struct{} // closed at the test's end
+	mu               sync.Mutex
+	lastClient       string
+}
+
+func kpStart(t *testing.T, k *rzPKI) *kpServer {
+	t.Helper()
+	s := &kpServer{release: make(chan struct{})}
+	s.status.Store(http.StatusOK)
+	s.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.reqs.Add(1)
+		if s.hang.Load() {
+			<-s.release
+		}
+		if len(r.TLS.PeerCertificates) > 0 {
+			s.mu.Lock()
+			s.lastClient = r.TLS.PeerCertificates[0].Subject.CommonName
+			s.mu.Unlock()
+		}
+		w.WriteHeader(int(s.status.Load()))
+	}))
+	s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{k.serving.pair}, ClientAuth: tls.RequestClientCert,
+		VerifyConnection: func(tls.ConnectionState) error { s.handshakes.Add(1); return nil }}
+	s.srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			s.accepted.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			s.closed.Add(1)
+		default:
+		}
+	}
+	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the TCP checks' connections end in resets
+	s.srv.StartTLS()
+	t.Cleanup(s.srv.Close)
+	t.Cleanup(func() { close(s.release) }) // runs first: the handlers return, then Close
+	s.addr = s.srv.Listener.Addr().String()
+	return s
+}
+
+func (s *kpServer) client() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastClient
+}
+
+func kpCounts(t *testing.T, s *kpServer, handshakes, reqs int32) {
+	t.Helper()
+	if h, r := s.handshakes.Load(), s.reqs.Load(); h != handshakes || r != reqs {
+		t.Errorf("server saw %d handshakes and %d requests; want %d and %d", h, r, handshakes, reqs)
+	}
+}
+
+func TestReadyzProbeKeepsConnection(t *testing.T) {
+	pki := rzNewPKI(t)
+	s := kpStart(t, pki)
+	p := pki.probe()
+	const probes = 10
+	for range probes {
+		res, _ := rzCheck(p, s.addr, 2*time.Second)
+		rzWantReady(t, res)
+	}
+	// One handshake for ten probes, and still a fresh TCP connect for each:
+	// the TCP check sees a black hole or a restart as it always did.
+	kpCounts(t, s, 1, probes)
+	if got := s.accepted.Load(); got != probes {
+		t.Errorf("server accepted %d connections; want %d, one per probe", got, probes)
+	}
+
+	// An answer other than 200 on the kept connection is the upstream's
+	// answer: the probe fails, and the connection stays.
+	s.status.Store(http.StatusInternalServerError)
+	res, _ := rzCheck(p, s.addr, 2*time.Second)
+	rzWantFailedProbe(t, res)
+	kpCounts(t, s, 1, probes+1)
+}
+
+// An upstream that closed the kept connection (an idle timeout, a restart
+// that came back before the next probe) costs a new handshake, not a
+// failed probe.
+func TestReadyzProbeRedialsClosedConnection(t *testing.T) {
+	pki := rzNewPKI(t)
+	s := kpStart(t, pki)
+	p := pki.probe()
+	res, _ := rzCheck(p, s.addr, 2*time.Second)
+	rzWantReady(t, res)
+	s.srv.CloseClientConnections()
+	for range 3 {
+		res, _ = rzCheck(p, s.addr, 2*time.Second)
+		rzWantReady(t, res)
+	}
+	kpCounts(t, s, 2, 4)
+
+	// A refused connect drops the kept connection: the upstream is gone.
+	addr := s.addr
+	s.srv.Close()
+	res, _ = rzCheck(p, addr, 2*time.Second)
+	if res.err == nil {
+		t.Fatalf("check of a closed server: got no error")
+	}
+	if kc := p.kept.take(addr); kc != nil {
+		t.Errorf("a kept connection to %s survived a refused connect", addr)
+	}
+}
+
+// An upstream that hangs on the kept connection fails the probe within its
+// deadline, with the request as the reason, not a handshake that had no
+// time left.
+func TestReadyzProbeHungKeptConnection(t *testing.T) {
+	pki := rzNewPKI(t)
+	s := kpStart(t, pki)
+	p := pki.probe()
+	res, _ := rzCheck(p, s.addr, 2*time.Second)
+	rzWantReady(t, res)
+	s.hang.Store(true)
+	const timeout = 300 * time.Millisecond
+	res, elapsed := rzCheck(p, s.addr, timeout)
+	rzWantFailedProbe(t, res)
+	if !strings.Contains(res.notReady.Error(), "read response") || elapsed > timeout+200*time.Millisecond {
+		t.Errorf("hung kept connection: got %v after %v; want a read failure within %v", res.notReady, elapsed, timeout)
+	}
+	s.hang.Store(false)
+	res, _ = rzCheck(p, s.addr, 2*time.Second)
+	rzWantReady(t, res)
+	kpCounts(t, s, 2, 3)
+}
+
+// A rotated client certificate is presented at the next probe: a kept
+// connection made with other credentials is not used.
+func TestReadyzProbeRotationMakesNewConnection(t *testing.T) {
+	pki := rzNewPKI(t)
+	s := kpStart(t, pki)
+	p := pki.probe()
+	p.certFile = filepath.Join(pki.dir, "client.pem")
+	p.keyFile = p.certFile
+	for i, name := range []string{"system:node:a", "system:node:a", "system:node:b", "system:node:b"} {
+		if i == 0 || i == 2 {
+			c := pki.ca.client(t, name)
+			rzWrite(t, p.certFile, c.certPEM, c.keyPEM)
+		}
+		res, _ := rzCheck(p, s.addr, 2*time.Second)
+		rzWantReady(t, res)
+		if got := s.client(); got != name {
+			t.Errorf("probe %d: the upstream saw client %q; want %q", i, got, name)
+		}
+	}
+	kpCounts(t, s, 2, 4)
+}
+
+func TestKeptConnUsable(t *testing.T) {
+	now := time.Now()
+	sum := sha256.Sum256([]byte("creds"))
+	kc := &keptConn{creds: sum, since: now}
+	tests := []struct {
+		name string
+		sum  [sha256.Size]byte
+		at   time.Time
+		want bool
+	}{
+		{"same credentials", sum, now.Add(time.Minute), true},
+		{"other credentials", sha256.Sum256([]byte("rotated")), now.Add(time.Minute), false},
+		{"just within the age", sum, now.Add(keptMaxAge - time.Millisecond), true},
+		{"too old", sum, now.Add(keptMaxAge), false},
+	}
+	for _, tt := range tests {
+		if got := kc.usable(tt.sum, tt.at); got != tt.want {
+			t.Errorf("%s: usable = %v; want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// An upstream removed from the list, and every upstream at the pool's
+// close, leaves no kept connection open: its probe loop forgets it.
+func TestReadyzPoolForgetsKeptConnection(t *testing.T) {
+	pki := rzNewPKI(t)
+	a, b := kpStart(t, pki), kpStart(t, pki)
+	p := pki.probe()
+	pl := newPool(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()),
+		poolConfig{interval: time.Minute, timeout: 2 * time.Second, drainTimeout: time.Second, readyz: true, forget: p.kept.forget},
+		p.check, randomSelector{})
+	defer pl.close()
+	open := func(s *kpServer) int32 { return s.accepted.Load() - s.closed.Load() }
+	pl.update([]string{a.addr, b.addr})
+	waitFor(t, "both upstreams probed, each connection kept", func() bool {
+		return a.reqs.Load() == 1 && b.reqs.Load() == 1 && open(a) == 1 && open(b) == 1
+	})
+	pl.update([]string{a.addr})
+	waitFor(t, "the removed upstream's kept connection closed", func() bool { return open(b) == 0 })
+	if open(a) != 1 {
+		t.Errorf("the remaining upstream has %d open connections; want its kept one", open(a))
+	}
+	pl.close()
+	waitFor(t, "the kept connection closed at the pool's close", func() bool { return open(a) == 0 })
+}
