@@ -462,3 +462,36 @@ func (d *Daemon) upstream(addr string) (upstreamState, error) {
 	}
 	return upstreamState{}, nil
 }
+
+// onlyProxiedUpstream returns the one upstream with a proxied connection
+// in the daemon's /upstreams: before the workload starts, discovery's own.
+func (d *Daemon) onlyProxiedUpstream() (string, error) {
+	code, body, err := d.Get("/upstreams")
+	if err != nil {
+		return "", err
+	}
+	if code != http.StatusOK {
+		return "", fmt.Errorf("/upstreams: status %d", code)
+	}
+	var all []struct {
+		Address     string `json:"address"`
+		Connections int    `json:"connections"`
+	}
+	if err := json.Unmarshal([]byte(body), &all); err != nil {
+		return "", fmt.Errorf("/upstreams: %w", err)
+	}
+	var with []string
+	addr := ""
+	for _, u := range all {
+		if u.Connections > 0 {
+			with = append(with, fmt.Sprintf("%s: %d", u.Address, u.Connections))
+			if u.Connections == 1 {
+				addr = u.Address
+			}
+		}
+	}
+	if len(with) != 1 || addr == "" {
+		return "", fmt.Errorf("want one upstream with one proxied connection, discovery's: got %v", with)
+	}
+	return addr, nil
+}

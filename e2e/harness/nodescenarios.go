@@ -32,7 +32,7 @@ const refusedHint = "does not accept these credentials"
 // joins and must be discovered on that new connection.
 func actRotation(rr *rowRun) error {
 	c := rr.r.C
-	if rr.discoveryPort == 0 {
+	if len(rr.discoveryPorts) == 0 {
 		return fmt.Errorf("the daemon's discovery connection could not be told apart at start-up")
 	}
 	if time.Now().After(rr.nodeCertExpiry) {
@@ -46,17 +46,10 @@ func actRotation(rr *rowRun) error {
 	sleepCtx(rr.ctx, time.Until(rr.nodeCertExpiry)+2*time.Second)
 
 	cut := time.Now()
-	if out, err := c.ExecW1(rr.ctx, "ss", "-K", "-tn", "state", "established", "sport", "=", fmt.Sprintf(":%d", rr.discoveryPort)); err != nil {
-		return fmt.Errorf("ss -K: %v: %s", err, out)
+	if err := rr.cutDiscovery(); err != nil {
+		return err
 	}
 	rr.note("discovery connection to %s cut %s after the old certificate expired", rr.discoveryRemote, cut.Sub(rr.nodeCertExpiry).Round(time.Second))
-	if !rr.waitFor(10*time.Second, func() bool {
-		conns, err := upstreamConns(rr.d.Pid())
-		_, open := conns[rr.discoveryPort]
-		return err == nil && !open
-	}) {
-		return fmt.Errorf("discovery's connection from port %d still open 10s after ss -K", rr.discoveryPort)
-	}
 	rr.asserts("after the rotation and the old certificate's expiry, cp4 joins and is discovered within 60 s, on discovery's new connection")
 	return rr.awaitCP4(cut)
 }

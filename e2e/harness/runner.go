@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -191,9 +192,12 @@ type rowRun struct {
 
 	d  *Daemon
 	wl *Workload
-	// discoveryConn is the local port of the daemon's own discovery
-	// connection to an API server, and that server.
-	discoveryPort   int
+	// discoveryPorts are the local ports of the daemon's connections to
+	// the API server its own discovery connection goes to, that one among
+	// them (with readyz, the probe's kept connection to it too: cutting
+	// both costs one more handshake, nothing else); discoveryRemote is that
+	// server.
+	discoveryPorts  []int
 	discoveryRemote string
 
 	fault     time.Time // zero: no fault
@@ -349,15 +353,47 @@ func (rr *rowRun) startDaemon(ctx context.Context, static []string, activated bo
 	if err := rr.waitDaemonReady(30 * time.Second); err != nil {
 		return err
 	}
-	// Before the workload starts, the only lasting connection to an API
-	// server is discovery's own; probes come and go.
+	// Before the workload starts, the lasting connections to API servers
+	// are discovery's own (through the daemon's listener, so counted in
+	// /upstreams) and, with readyz, the probes' kept ones; checks come and
+	// go.
 	conns := newConnsSince(d.Pid(), nil)
-	if len(conns) == 1 {
-		for port, remote := range conns {
-			rr.discoveryPort, rr.discoveryRemote = port, remote
+	remote, err := d.onlyProxiedUpstream()
+	for port, r := range conns {
+		if err == nil && r == remote {
+			rr.discoveryPorts = append(rr.discoveryPorts, port)
 		}
-	} else {
-		rr.logf("connections to API servers at start-up, by local port: %v", conns)
+	}
+	if len(rr.discoveryPorts) == 0 {
+		rr.logf("connections to API servers at start-up, by local port: %v (%v)", conns, err)
+		return nil
+	}
+	slices.Sort(rr.discoveryPorts)
+	rr.discoveryRemote = remote
+	return nil
+}
+
+// cutDiscovery kills the daemon's discovery connection (see
+// discoveryPorts) with ss -K and waits until it is gone.
+func (rr *rowRun) cutDiscovery() error {
+	for _, port := range rr.discoveryPorts {
+		if out, err := rr.r.C.ExecW1(rr.ctx, "ss", "-K", "-tn", "state", "established", "sport", "=", fmt.Sprintf(":%d", port)); err != nil {
+			return fmt.Errorf("ss -K: %v: %s", err, out)
+		}
+	}
+	if !rr.waitFor(10*time.Second, func() bool {
+		conns, err := upstreamConns(rr.d.Pid())
+		if err != nil {
+			return false
+		}
+		for _, port := range rr.discoveryPorts {
+			if _, open := conns[port]; open {
+				return false
+			}
+		}
+		return true
+	}) {
+		return fmt.Errorf("discovery's connection from ports %v still open 10s after ss -K", rr.discoveryPorts)
 	}
 	return nil
 }

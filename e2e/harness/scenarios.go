@@ -145,7 +145,7 @@ func checkNoShortFailures(rr *rowRun, m Measure) {
 func actCompaction(rr *rowRun) error {
 	c := rr.r.C
 	ctx := rr.ctx
-	if rr.discoveryPort == 0 {
+	if len(rr.discoveryPorts) == 0 {
 		return fmt.Errorf("the daemon's discovery connection could not be told apart at start-up")
 	}
 	rr.note("discovery connection on %s", rr.discoveryRemote)
@@ -163,9 +163,8 @@ func actCompaction(rr *rowRun) error {
 	}
 	rr.fault = time.Now()
 	rr.note("compacted etcd at revision %d", rev)
-	out, err := c.ExecW1(ctx, "ss", "-K", "-tn", "state", "established", "sport", "=", fmt.Sprintf(":%d", rr.discoveryPort))
-	if err != nil {
-		return fmt.Errorf("ss -K: %v: %s", err, out)
+	if err := rr.cutDiscovery(); err != nil {
+		return err
 	}
 	rr.asserts("the discovery watch gets 410 Gone after compaction and re-lists")
 	if rr.waitFor(30*time.Second, func() bool { return relisted() > before }) {
