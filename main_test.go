@@ -32,12 +32,36 @@ import (
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return unusedPort(t)
+}
+
+// handedOut holds every port freePort and deadAddr have given this test
+// binary: the kernel hands a port just closed out again, and a daemon whose
+// dead upstream was given its own listener's port refuses to start.
+var handedOut = struct {
+	mu    sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
+
+// unusedPort returns a loopback port free now and never returned before.
+func unusedPort(t testing.TB) int {
+	t.Helper()
+	handedOut.mu.Lock()
+	defer handedOut.mu.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		_ = ln.Close()
+		if !handedOut.ports[port] {
+			handedOut.ports[port] = true
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("no loopback port not handed out before in 100 tries")
+	return 0
 }
 
 // httpGet returns the status and body of GET url, or 0 if it failed.

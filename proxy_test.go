@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -126,13 +127,7 @@ func echo(c net.Conn) {
 // deadAddr returns a loopback address with nothing listening on it.
 func deadAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(unusedPort(t)))
 }
 
 type testProxy struct {
