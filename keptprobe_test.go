@@ -94,6 +94,9 @@ func TestReadyzProbeKeepsConnection(t *testing.T) {
 	// One handshake for ten probes, and still a fresh TCP connect for each:
 	// the TCP check sees a black hole or a restart as it always did.
 	kpCounts(t, s, 1, probes)
+	// The server accepts the TCP checks' connections after the checks have
+	// closed them: wait for its accept loop before counting (CI saw 6 of 10).
+	waitFor(t, "the server to accept every probe's connection", func() bool { return s.accepted.Load() >= probes })
 	if got := s.accepted.Load(); got != probes {
 		t.Errorf("server accepted %d connections; want %d, one per probe", got, probes)
 	}
