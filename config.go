@@ -134,6 +134,21 @@ func newFlagSet(cfg *config) (*flag.FlagSet, *bool) {
 	return fs, fs.Bool(versionFlag, false, "Print the version and exit")
 }
 
+// settings returns every setting as flag name and effective value pairs,
+// for the start-up line.
+func (c *config) settings() []any {
+	var view config
+	fs, _ := newFlagSet(&view)
+	view = *c // the flags read view's fields, which now hold c's values
+	var out []any
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name != versionFlag {
+			out = append(out, f.Name, f.Value.String())
+		}
+	})
+	return out
+}
+
 // refusals records, by flag name, what each flag refused, as
 // "invalid <kind> <value>".
 type refusals map[string]string
@@ -224,8 +239,9 @@ func printUsage(w io.Writer) {
 		"Each flag can also be set by the EP_ variable shown next to it;\n"+
 		"a flag on the command line wins over its variable.\n\n")
 	fs.VisitAll(func(f *flag.Flag) { fmt.Fprintln(w, usageLine(f)) })
-	fmt.Fprint(w, "\nUsage: extractedprism status [--health-address host:port] [--json]\n\n"+
-		"Prints the upstreams of a running daemon, from its /upstreams endpoint.\n"+
+	fmt.Fprint(w, "\nUsage: extractedprism status [--health-address host:port] [--env-file path] [--json]\n\n"+
+		"Prints the upstreams of a running daemon, from its /upstreams endpoint; exits 0 when\n"+
+		"all are usable, 1 degraded, 2 none usable, 3 the daemon could not be asked.\n"+
 		"\nUsage: extractedprism check [flags]\n\n"+
 		"Reads the flags and EP_ variables as a start would and exits 0 if the daemon\n"+
 		"would start with them, or 1 with the message it would stop with; binds nothing.\n"+
@@ -237,10 +253,18 @@ func printUsage(w io.Writer) {
 // "  --health-interval duration  (EP_HEALTH_INTERVAL) Interval between upstream health checks (default 20s)".
 // An empty or false default means "not set" and is not shown.
 func usageLine(f *flag.Flag) string {
+	if f.Name == versionFlag {
+		return usageText(f, "")
+	}
+	return usageText(f, envName(f.Name))
+}
+
+// usageText is usageLine with env as the flag's variable, none if empty.
+func usageText(f *flag.Flag, env string) string {
 	typeName, description := flag.UnquoteUsage(f)
 	line := strings.TrimRight("  --"+f.Name+" "+typeName, " ") + " "
-	if f.Name != versionFlag {
-		line += " (" + envName(f.Name) + ")"
+	if env != "" {
+		line += " (" + env + ")"
 	}
 	if line += " " + description; f.DefValue != "" && f.DefValue != "false" {
 		line += " (default " + f.DefValue + ")"

@@ -64,7 +64,7 @@ func (p *proxy) closeAnswered(quiet, spread, window time.Duration) int {
 				due[pc] = at
 			}
 			if !at.IsZero() && time.Now().After(at) && answeredFor(pc.client) >= quiet {
-				pc.close()
+				pc.closeFor(connEndShutdown)
 				due[pc] = time.Time{}
 			}
 		}

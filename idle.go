@@ -126,6 +126,6 @@ func (p *proxy) reapIdle(ctx context.Context) {
 func (p *proxy) closeIdle(c *idleCandidate, reason string) {
 	p.log.Debug("closing a silent connection", "reason", reason, "client", c.pc.client.RemoteAddr().String(),
 		"silent", c.quiet.Round(time.Millisecond), "client_spoke", c.spoke)
-	c.pc.close()
+	c.pc.closeFor(connEndIdle)
 	p.m.idleConnsClosed.WithLabelValues(reason).Inc()
 }

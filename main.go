@@ -112,7 +112,7 @@ func main() {
 	stop()
 	if err != nil {
 		writeExitError(os.Stderr, err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
 }
 
@@ -328,7 +328,7 @@ func (d *daemon) newDiscovery(m *metrics) *mergedProvider {
 func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	d.logStart(lbLn.Addr().String(), healthLn.Addr().String())
 	mux := newHealthHandler(d.heartbeat.alive, d.pool.ready, d.reg)
-	mux.Handle("/upstreams", readOnly(upstreamsHandler(func() []upstreamStatus { return d.pool.describe(d.discovery.sources()) })))
+	mux.Handle("/upstreams", readOnly(upstreamsHandler(func() upstreamsDoc { return newUpstreamsDoc(d.cfg, d.pool.describe(d.discovery.sources())) })))
 	srv := newHealthServer(healthLn.Addr().String(), mux, d.log, d.proxy.m)
 	// The static and cached endpoints are known before anything listens:
 	// the first client never finds the pool empty.
@@ -377,7 +377,7 @@ func waitShutdown(wait func()) bool {
 func (d *daemon) logStart(listen, health string) {
 	limit := cap(d.proxy.slots)
 	d.log.Info("starting", "version", versionLine(), "listen", listen, "health", health, "endpoints", d.cfg.Endpoints,
-		"max_connections", limit, "limited_by", d.limitBy)
+		"max_connections", limit, "limited_by", d.limitBy, slog.Group("settings", d.cfg.settings()...))
 	switch {
 	case limit >= fewConnections:
 	case d.limitBy == limitByMemory:

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -333,6 +334,38 @@ func TestLogStartWarnsOfFewConnections(t *testing.T) {
 	}
 }
 
+// TestStartLineCarriesSettings: the start-up line names every setting with
+// its effective value, from a flag, a variable or the default.
+func TestStartLineCarriesSettings(t *testing.T) {
+	cfg, err := parseConfig([]string{"--endpoints", "192.0.2.1:6443", "--upstream-selection", "latency"},
+		func(k string) string { return map[string]string{"EP_DRAIN_TIMEOUT": "7s"}[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := beatDaemon(fewConnections)
+	d.cfg = cfg
+	logs := &syncBuffer{}
+	d.log = newLogger(slog.LevelInfo, logs)
+	d.logStart("127.0.0.1:7445", "127.0.0.1:7446")
+	var r struct{ Settings map[string]string }
+	if err := json.Unmarshal([]byte(lineWith(logs.String(), `"starting"`)), &r); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"endpoints": "192.0.2.1:6443", "upstream-selection": "latency", "drain-timeout": "7s",
+		"health-check": "tcp", "health-bind-address": "127.0.0.1", "health-interval": "20s"}
+	for k, v := range want {
+		if r.Settings[k] != v {
+			t.Errorf("settings[%s]: got %q; want %q", k, r.Settings[k], v)
+		}
+	}
+	fs, _ := newFlagSet(&config{})
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := r.Settings[f.Name]; !ok && f.Name != versionFlag {
+			t.Errorf("no setting %s in the start-up line", f.Name)
+		}
+	})
+}
+
 // beatDaemon is a daemon with what its beat needs: a pool with fake
 // checks, a proxy of maxConns slots and a 15 s liveness threshold.
 func beatDaemon(maxConns int) *daemon {
@@ -534,9 +567,9 @@ current-context: x
 `)
 	waitFor(t, "discovery to list "+other.addr, func() bool {
 		_, body := httpGet(d.healthBase + "/upstreams")
-		var all []upstreamStatus
-		_ = json.Unmarshal([]byte(body), &all)
-		return slices.ContainsFunc(all, func(u upstreamStatus) bool {
+		var doc upstreamsDoc
+		_ = json.Unmarshal([]byte(body), &doc)
+		return slices.ContainsFunc(doc.Upstreams, func(u upstreamStatus) bool {
 			return u.Address == other.addr && slices.Equal(u.Sources, []string{kubeProviderName})
 		})
 	})

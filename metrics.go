@@ -28,6 +28,8 @@ type metrics struct {
 	discoveryRunning                                         *prometheus.GaugeVec     // provider
 	healthConnsClosed                                        *prometheus.CounterVec   // reason: reasonWaiting or reasonNew
 	idleConnsClosed                                          *prometheus.CounterVec   // reason: reasonLimit or reasonTimeout
+	upstreamBytes                                            *prometheus.CounterVec   // upstream, direction: dirToUpstream or dirToClient
+	connsClosed                                              *prometheus.CounterVec   // upstream, reason: one of endReasons
 }
 
 const (
@@ -40,6 +42,11 @@ const (
 	// every connection was inside a request (see connCap).
 	reasonWaiting = "waiting"
 	reasonNew     = "new"
+
+	// The directions of upstreamBytes.
+	labelDirection = "direction"
+	dirToUpstream  = "to_upstream"
+	dirToClient    = "to_client"
 )
 
 func gauge(name, help string) prometheus.Gauge {
@@ -83,6 +90,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.discoveryUpdates, m.discoveryErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
 		m.hedgedDials, m.hedgedWins, m.deadConnsClosed, m.clientsRefused, m.connLimit,
 		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo, m.healthConnsClosed, m.discoveryRunning, m.idleConnsClosed,
+		m.upstreamBytes, m.connsClosed,
 		// The standard process_ and go_ metrics, which dashboards for any
 		// Go service chart. Their twins in prometheus/collectors would
 		// link database/sql into the binary.
@@ -122,6 +130,10 @@ func (m *metrics) addBeyondSpec() {
 		"Proxied connections closed for silence: reason=limit, at the connection limit to make room for a waiting client; reason=timeout, silent both ways for 10 minutes.", "reason")
 	m.idleConnsClosed.WithLabelValues(reasonLimit)
 	m.idleConnsClosed.WithLabelValues(reasonTimeout)
+	m.upstreamBytes = counterVec("upstream_bytes_total",
+		"Bytes proxied between clients and the upstream: direction=to_upstream, from clients; direction=to_client, from the upstream. Counted every 64 KiB of a direction and at its end.", labelUpstream, labelDirection)
+	m.connsClosed = counterVec("connections_closed_total",
+		"Proxied connections of the upstream that ended, by how: client_closed, upstream_closed (a clean end that side started), reset, timeout (the kernel gave up on a silent peer), error, drain, eviction (unready while another was ready), sweep, idle, shutdown.", labelUpstream, "reason")
 	m.discoveryRunning = gaugeVec("discovery_running",
 		"1 while the discovery provider runs; 0 once it is enabled but could not start, while its credentials do not load or are refused (401, 403), or after it stopped before shutdown. The kubernetes series exists only with --enable-discovery.", labelProvider)
 }
@@ -150,6 +162,9 @@ func (m *metrics) forgetUpstream(addr string) {
 		m.connectionErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus, m.dialSeconds, m.upstreamConns,
 	} {
 		v.DeleteLabelValues(addr)
+	}
+	for _, v := range []*prometheus.CounterVec{m.upstreamBytes, m.connsClosed} {
+		v.DeletePartialMatch(prometheus.Labels{labelUpstream: addr})
 	}
 }
 

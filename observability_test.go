@@ -154,19 +154,23 @@ var (
 	labelMatcher   = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)`)
 )
 
-// instanceFilter is the dashboard's node variable, which every dashboard
-// selector must apply so the node picker means something.
-const instanceFilter = `instance=~"$instance"`
+// The dashboard's filters: every selector applies the cluster variable, and
+// those of the per-node detail rows the node variable as well, so the
+// pickers mean something.
+const (
+	clusterFilter = `cluster=~"$cluster"`
+	nodeFilter    = `node=~"$node"`
+)
 
 // histogramSuffixes are the series a histogram exposes under its name.
 var histogramSuffixes = []string{"_bucket", "_sum", "_count"}
 
 // checkQuery returns what is wrong with the extractedprism_ metrics that
 // expr names: unknown names, suffixes on a metric that is no histogram,
-// label matchers the metric cannot have and, with needInstance, selectors
-// without the instance filter. It also returns the metrics named, with
+// label matchers the metric cannot have and, with needCluster, selectors
+// without the cluster filter. It also returns the metrics named, with
 // histogram suffixes removed.
-func checkQuery(expr string, registered map[string]registeredMetric, needInstance bool) (problems, used []string) {
+func checkQuery(expr string, registered map[string]registeredMetric, needCluster bool) (problems, used []string) {
 	for _, m := range metricSelector.FindAllStringSubmatch(expr, -1) {
 		name, selector := m[1], m[2]
 		base, suffix := name, ""
@@ -187,8 +191,9 @@ func checkQuery(expr string, registered map[string]registeredMetric, needInstanc
 			// A classic histogram has no series under its own name.
 			problems = append(problems, fmt.Sprintf("%s is a histogram: query its _bucket, _sum or _count series", name))
 		}
-		// Target labels every scrape adds, and le on histogram buckets.
-		allowed := append([]string{"instance", "job"}, metric.labels...)
+		// Target labels every scrape adds, the node and cluster labels the
+		// chart's PodMonitor adds, and le on histogram buckets.
+		allowed := append([]string{"instance", "job", "node", "cluster"}, metric.labels...)
 		if suffix == "_bucket" {
 			allowed = append(allowed, "le")
 		}
@@ -197,8 +202,8 @@ func checkQuery(expr string, registered map[string]registeredMetric, needInstanc
 				problems = append(problems, fmt.Sprintf("%s has no label %s", name, lm[1]))
 			}
 		}
-		if needInstance && !strings.Contains(selector, instanceFilter) {
-			problems = append(problems, fmt.Sprintf("%s lacks the selector %s", name, instanceFilter))
+		if needCluster && !strings.Contains(selector, clusterFilter) {
+			problems = append(problems, fmt.Sprintf("%s lacks the selector %s", name, clusterFilter))
 		}
 	}
 	return problems, used
@@ -209,9 +214,9 @@ func checkQuery(expr string, registered map[string]registeredMetric, needInstanc
 func TestObservabilityQueryCheck(t *testing.T) {
 	registered := registeredMetrics(t)
 	tests := []struct {
-		name, expr   string
-		needInstance bool
-		wantProblem  string // empty: no problem
+		name, expr  string
+		needCluster bool
+		wantProblem string // empty: no problem
 	}{
 		{"known gauge", `extractedprism_upstreams_active == 0`, false, ""},
 		{"histogram bucket", `histogram_quantile(0.9, sum by (le) (rate(extractedprism_upstream_dial_duration_seconds_bucket{le!="+Inf"}[5m])))`, false, ""},
@@ -223,15 +228,16 @@ func TestObservabilityQueryCheck(t *testing.T) {
 		{"label of another metric", `extractedprism_upstream_ready{provider="kubernetes"}`, false, "extractedprism_upstream_ready has no label provider"},
 		{"le on a sum", `extractedprism_upstream_dial_duration_seconds_sum{le="1"}`, false, "extractedprism_upstream_dial_duration_seconds_sum has no label le"},
 		{"own label", `extractedprism_discovery_errors_total{provider="kubernetes", job="x"}`, false, ""},
-		{"instance filter present", `extractedprism_connections_active{instance=~"$instance"}`, true, ""},
-		{"instance filter missing", `sum(extractedprism_connections_active)`, true, "extractedprism_connections_active lacks the selector " + instanceFilter},
-		{"process metric", `process_open_fds{instance=~"$instance"} / process_max_fds{instance=~"$instance"}`, true, ""},
+		{"PodMonitor labels", `extractedprism_upstreams_active{node="n1", cluster="c1"} == 0`, false, ""},
+		{"cluster filter present", `extractedprism_connections_active{cluster=~"$cluster"}`, true, ""},
+		{"cluster filter missing", `sum(extractedprism_connections_active{node=~"$node"})`, true, "extractedprism_connections_active lacks the selector " + clusterFilter},
+		{"process metric", `process_open_fds{cluster=~"$cluster"} / process_max_fds{cluster=~"$cluster"}`, true, ""},
 		{"misspelt process metric", `process_open_fd`, false, "process_open_fd is not a registered metric"},
 		{"go metric with a made-up label", `go_goroutines{upstream="a"}`, false, "go_goroutines has no label upstream"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			problems, _ := checkQuery(tt.expr, registered, tt.needInstance)
+			problems, _ := checkQuery(tt.expr, registered, tt.needCluster)
 			if tt.wantProblem == "" {
 				if len(problems) != 0 {
 					t.Errorf("got %q; want no problem", problems)
@@ -250,14 +256,33 @@ type dashboard struct {
 	UID           string `json:"uid"`
 	SchemaVersion int    `json:"schemaVersion"`
 	Templating    struct {
-		List []struct {
-			Name       string          `json:"name"`
-			Type       string          `json:"type"`
-			Query      json.RawMessage `json:"query"` // a string, or {"query": "…"}
-			Datasource *datasourceRef  `json:"datasource"`
-		} `json:"list"`
+		List []dashboardVariable `json:"list"`
 	} `json:"templating"`
 	Panels []panel `json:"panels"`
+}
+
+type dashboardVariable struct {
+	Name       string          `json:"name"`
+	Type       string          `json:"type"`
+	Query      json.RawMessage `json:"query"` // a string, or {"query": "…"}
+	Datasource *datasourceRef  `json:"datasource"`
+	IncludeAll bool            `json:"includeAll"`
+	AllValue   string          `json:"allValue"`
+	Multi      bool            `json:"multi"`
+}
+
+// query returns the variable's query, which Grafana stores as a string or
+// as an object.
+func (v dashboardVariable) query() (string, error) {
+	var query string
+	if err := json.Unmarshal(v.Query, &query); err == nil {
+		return query, nil
+	}
+	var obj struct{ Query string }
+	if err := json.Unmarshal(v.Query, &obj); err != nil {
+		return "", fmt.Errorf("variable %s: query %s is neither a string nor an object", v.Name, v.Query)
+	}
+	return obj.Query, nil
 }
 
 type panel struct {
@@ -268,12 +293,15 @@ type panel struct {
 	GridPos    struct {
 		H, W, X, Y int
 	} `json:"gridPos"`
-	Targets []struct {
-		Datasource *datasourceRef `json:"datasource"`
-		Expr       string         `json:"expr"`
-		RefID      string         `json:"refId"`
+	Collapsed bool   `json:"collapsed"`
+	Repeat    string `json:"repeat"`
+	Targets   []struct {
+		Datasource   *datasourceRef `json:"datasource"`
+		Expr         string         `json:"expr"`
+		LegendFormat string         `json:"legendFormat"`
+		RefID        string         `json:"refId"`
 	} `json:"targets"`
-	Panels []panel `json:"panels"` // a row's panels
+	Panels []panel `json:"panels"` // a collapsed row's panels
 }
 
 type datasourceRef struct {
@@ -321,6 +349,9 @@ var dashboardMustShow = map[string]string{
 	"extractedprism_connections_total":              "connection rate",
 	"extractedprism_upstream_connections":           "connections by upstream",
 	"extractedprism_connection_errors_total":        "errors",
+	"extractedprism_clients_refused_total":          "refused clients",
+	"extractedprism_upstream_bytes_total":           "bytes by upstream",
+	"extractedprism_connections_closed_total":       "connection ends by reason, failovers",
 	"extractedprism_discovery_updates_total":        "discovery updates",
 	"extractedprism_discovery_errors_total":         "discovery errors",
 	"extractedprism_upstream_dial_duration_seconds": "dial latency",
@@ -331,82 +362,238 @@ var dashboardMustShow = map[string]string{
 	"go_goroutines":                                 "goroutines",
 }
 
-func TestObservabilityDashboard(t *testing.T) {
-	registered := registeredMetrics(t)
-	d := readDashboard(t)
-	if d.UID == "" || d.SchemaVersion < 36 {
-		t.Errorf("uid %q, schemaVersion %d; want a uid and schemaVersion 36 or later", d.UID, d.SchemaVersion)
-	}
-
-	used := map[string]bool{}
-	check := func(where, expr string, needInstance bool) {
-		problems, names := checkQuery(expr, registered, needInstance)
-		for _, p := range problems {
-			t.Errorf("%s: %s in %s", where, p, expr)
+// dashboardSections splits the dashboard into its fleet panels, the
+// top-level ones, and its per-node detail panels, those of the collapsed
+// rows. Rows are open and empty, or collapsed with their panels inside, and
+// every fleet panel comes before the first collapsed row.
+func dashboardSections(d dashboard) (fleet, detail []panel, problems []string) {
+	inDetail := false
+	for _, p := range d.Panels {
+		switch {
+		case p.Type == "row" && p.Collapsed:
+			inDetail = true
+			detail = append(detail, p.Panels...)
+		case p.Type == "row" && len(p.Panels) > 0:
+			problems = append(problems, fmt.Sprintf("open row %d %q holds panels; an open row's panels follow it at the top level", p.ID, p.Title))
+		case p.Type == "row":
+		case inDetail:
+			problems = append(problems, fmt.Sprintf("panel %d %q is outside the collapsed rows, below them; fleet panels come first", p.ID, p.Title))
+		default:
+			fleet = append(fleet, p)
 		}
-		for _, n := range names {
-			used[n] = true
+	}
+	if len(fleet) == 0 || len(detail) == 0 {
+		problems = append(problems, fmt.Sprintf("%d fleet panels, %d per-node panels; want both", len(fleet), len(detail)))
+	}
+	return fleet, detail, problems
+}
+
+// Fleet panels query a thousand nodes at once: they aggregate first, and
+// name a node only in a topk or bottomk list.
+var (
+	fleetAggregation = regexp.MustCompile(`^\s*(?:[0-9.]+\s*\*\s*)?(?:sum|avg|min|max|count|topk|bottomk|histogram_quantile)\b`)
+	byClause         = regexp.MustCompile(`\bby\s*\(([^)]*)\)`)
+	perNodeLabel     = regexp.MustCompile(`\b(?:node|instance|pod)\b`)
+	nodeList         = regexp.MustCompile(`\b(?:topk|bottomk)\s*\(`)
+	// instanceLabel: dashboards and alerts name nodes by the node label;
+	// instance is the pod's address, which tells an operator nothing.
+	instanceLabel = regexp.MustCompile(`\binstance\b`)
+)
+
+// checkFleetTarget returns what makes a fleet panel's query expensive or
+// unreadable at a thousand nodes: series that are not aggregated, and
+// per-node groups or legends outside a topk or bottomk list.
+func checkFleetTarget(expr, legend string) []string {
+	var problems []string
+	if !fleetAggregation.MatchString(expr) {
+		problems = append(problems, "does not start with an aggregation")
+	}
+	if nodeList.MatchString(expr) {
+		return problems
+	}
+	for _, by := range byClause.FindAllStringSubmatch(expr, -1) {
+		if perNodeLabel.MatchString(by[1]) {
+			problems = append(problems, fmt.Sprintf("groups by (%s) outside topk or bottomk", by[1]))
 		}
 	}
+	if perNodeLabel.MatchString(legend) {
+		problems = append(problems, fmt.Sprintf("legend %q names a node outside topk or bottomk", legend))
+	}
+	return problems
+}
 
-	vars := map[string]string{} // name to type
+// TestObservabilityDashboardFleetCheck shows that checkFleetTarget fails
+// the fleet queries that would draw a line per node.
+func TestObservabilityDashboardFleetCheck(t *testing.T) {
+	tests := []struct {
+		expr, legend string
+		want         int // problems
+	}{
+		{`sum by (upstream) (extractedprism_upstream_connections{cluster=~"$cluster"})`, "{{upstream}}", 0},
+		{`60 * sum(rate(extractedprism_connections_closed_total[5m])) or vector(0)`, "per minute", 0},
+		{`bottomk(10, min by (node) (extractedprism_upstreams_active))`, "", 0},
+		{`extractedprism_upstream_connections{cluster=~"$cluster"}`, "{{upstream}}", 1},
+		{`rate(extractedprism_connections_total[5m])`, "{{node}}", 2},
+		{`sum by (node, upstream) (extractedprism_upstream_connections)`, "{{upstream}}", 1},
+		{`sum by (upstream) (extractedprism_upstream_connections)`, "{{instance}} {{upstream}}", 1},
+	}
+	for _, tt := range tests {
+		if got := checkFleetTarget(tt.expr, tt.legend); len(got) != tt.want {
+			t.Errorf("%s, legend %q: got %q; want %d problems", tt.expr, tt.legend, got, tt.want)
+		}
+	}
+}
+
+// checkDashboardVariables checks the data source, cluster and node
+// variables and returns the metrics their queries name.
+func checkDashboardVariables(t *testing.T, d dashboard, registered map[string]registeredMetric) (used []string) {
+	t.Helper()
+	vars := map[string]dashboardVariable{}
 	for _, v := range d.Templating.List {
-		vars[v.Name] = v.Type
+		vars[v.Name] = v
 		if v.Type != "query" {
 			continue
 		}
 		if !v.Datasource.isVariableRef() {
 			t.Errorf("variable %s: datasource %+v; want the ${datasource} variable", v.Name, v.Datasource)
 		}
-		var query string
-		if err := json.Unmarshal(v.Query, &query); err != nil {
-			var obj struct{ Query string }
-			if err := json.Unmarshal(v.Query, &obj); err != nil {
-				t.Fatalf("variable %s: query %s is neither a string nor an object", v.Name, v.Query)
-			}
-			query = obj.Query
+		query, err := v.query()
+		if err != nil {
+			t.Fatal(err)
 		}
-		check("variable "+v.Name, query, false)
+		problems, names := checkQuery(query, registered, false)
+		for _, p := range problems {
+			t.Errorf("variable %s: %s in %s", v.Name, p, query)
+		}
+		used = append(used, names...)
 	}
-	if vars["datasource"] != "datasource" || vars["instance"] != "query" {
-		t.Errorf("variables %v; want datasource of type datasource and instance of type query", vars)
+	if vars["datasource"].Type != "datasource" {
+		t.Errorf("variable datasource: type %q; want datasource", vars["datasource"].Type)
 	}
+	// All on cluster matches series without the label too: one cluster,
+	// scraped without metrics.podMonitor.cluster, has none.
+	if c := vars["cluster"]; c.Type != "query" || !c.IncludeAll || c.AllValue != ".*" {
+		t.Errorf("variable cluster: %+v; want a query with All, matching .*", c)
+	}
+	n := vars["node"]
+	if n.Type != "query" || !n.IncludeAll || !n.Multi {
+		t.Errorf("variable node: %+v; want a multi-value query with All", n)
+	}
+	if q, _ := n.query(); !strings.Contains(q, clusterFilter) || !strings.HasSuffix(q, ", node)") {
+		t.Errorf("variable node: query %q; want the node label values of the picked cluster", q)
+	}
+	return used
+}
 
+func TestObservabilityDashboard(t *testing.T) {
+	registered := registeredMetrics(t)
+	d := readDashboard(t)
+	if d.UID == "" || d.SchemaVersion < 36 {
+		t.Errorf("uid %q, schemaVersion %d; want a uid and schemaVersion 36 or later", d.UID, d.SchemaVersion)
+	}
+	used := map[string]bool{}
+	for _, n := range checkDashboardVariables(t, d, registered) {
+		used[n] = true
+	}
+	fleet, detail, problems := dashboardSections(d)
+	for _, p := range problems {
+		t.Error(p)
+	}
+	for _, p := range fleet {
+		for _, n := range checkDashboardPanel(t, p, registered, false) {
+			used[n] = true
+		}
+	}
+	for _, p := range detail {
+		for _, n := range checkDashboardPanel(t, p, registered, true) {
+			used[n] = true
+		}
+	}
+	checkPanelIDs(t, d.Panels)
+	checkDashboardCoverage(t, registered, used)
+}
+
+// checkPanelIDs checks that every panel, rows and their panels included,
+// has its own positive id, and that none repeats: a repeated panel or row
+// would run its queries once per node.
+func checkPanelIDs(t *testing.T, panels []panel) {
+	t.Helper()
 	ids := map[int]string{}
-	for _, p := range flattenPanels(d.Panels) {
-		where := fmt.Sprintf("panel %d %q", p.ID, p.Title)
+	for _, p := range flattenPanels(panels) {
 		if p.ID <= 0 {
-			t.Errorf("%s: id must be positive", where)
+			t.Errorf("panel %d %q: id must be positive", p.ID, p.Title)
 		}
 		if other, dup := ids[p.ID]; dup {
-			t.Errorf("%s: id already used by %q", where, other)
+			t.Errorf("panel %d %q: id already used by %q", p.ID, p.Title, other)
 		}
 		ids[p.ID] = p.Title
-		if p.Type == "row" {
-			continue // a row holds panels, not queries
-		}
-		if !p.Datasource.isVariableRef() {
-			t.Errorf("%s: datasource %+v; want the ${datasource} variable", where, p.Datasource)
-		}
-		if len(p.Targets) == 0 {
-			t.Errorf("%s: no query", where)
-		}
-		refIDs := map[string]bool{}
-		for _, target := range p.Targets {
-			if !target.Datasource.isVariableRef() {
-				t.Errorf("%s, query %s: datasource %+v; want the ${datasource} variable", where, target.RefID, target.Datasource)
-			}
-			if target.RefID == "" || refIDs[target.RefID] {
-				t.Errorf("%s: refId %q empty or repeated", where, target.RefID)
-			}
-			refIDs[target.RefID] = true
-			if !metricSelector.MatchString(target.Expr) {
-				t.Errorf("%s, query %s: %q names no extractedprism metric", where, target.RefID, target.Expr)
-			}
-			check(where, target.Expr, true)
+		if p.Repeat != "" {
+			t.Errorf("panel %d %q repeats by %s; filter by $node instead", p.ID, p.Title, p.Repeat)
 		}
 	}
+}
 
+// checkDashboardPanel checks one panel's data source and queries, fleet
+// or, with perNode, per-node detail, and returns the metrics they name.
+func checkDashboardPanel(t *testing.T, p panel, registered map[string]registeredMetric, perNode bool) (used []string) {
+	t.Helper()
+	where := fmt.Sprintf("panel %d %q", p.ID, p.Title)
+	if p.Type == "row" {
+		t.Errorf("%s: a row inside a row", where)
+		return nil
+	}
+	if !p.Datasource.isVariableRef() {
+		t.Errorf("%s: datasource %+v; want the ${datasource} variable", where, p.Datasource)
+	}
+	if len(p.Targets) == 0 {
+		t.Errorf("%s: no query", where)
+	}
+	refIDs := map[string]bool{}
+	for _, target := range p.Targets {
+		q := fmt.Sprintf("%s, query %s", where, target.RefID)
+		if !target.Datasource.isVariableRef() {
+			t.Errorf("%s: datasource %+v; want the ${datasource} variable", q, target.Datasource)
+		}
+		if target.RefID == "" || refIDs[target.RefID] {
+			t.Errorf("%s: refId %q empty or repeated", where, target.RefID)
+		}
+		refIDs[target.RefID] = true
+		if !metricSelector.MatchString(target.Expr) {
+			t.Errorf("%s: %q names no extractedprism metric", q, target.Expr)
+		}
+		if instanceLabel.MatchString(target.Expr + target.LegendFormat) {
+			t.Errorf("%s: %q, legend %q: name nodes by the node label, not instance", q, target.Expr, target.LegendFormat)
+		}
+		problems, names := checkQuery(target.Expr, registered, true)
+		if perNode {
+			problems = append(problems, lacksNodeFilter(target.Expr)...)
+		} else {
+			problems = append(problems, checkFleetTarget(target.Expr, target.LegendFormat)...)
+		}
+		for _, problem := range problems {
+			t.Errorf("%s: %s in %s", q, problem, target.Expr)
+		}
+		used = append(used, names...)
+	}
+	return used
+}
+
+// lacksNodeFilter returns a problem for each selector of expr without the
+// node filter, which every per-node panel applies.
+func lacksNodeFilter(expr string) []string {
+	var problems []string
+	for _, m := range metricSelector.FindAllStringSubmatch(expr, -1) {
+		if !strings.Contains(m[2], nodeFilter) {
+			problems = append(problems, fmt.Sprintf("%s lacks the selector %s", m[1], nodeFilter))
+		}
+	}
+	return problems
+}
+
+// checkDashboardCoverage checks that the dashboard shows what it was asked
+// for and every metric of the daemon's own.
+func checkDashboardCoverage(t *testing.T, registered map[string]registeredMetric, used map[string]bool) {
+	t.Helper()
 	for _, name := range slices.Sorted(maps.Keys(dashboardMustShow)) {
 		if _, ok := registered[name]; !ok {
 			t.Errorf("%s (%s) is not registered any more; update the dashboard and this test", name, dashboardMustShow[name])
@@ -423,20 +610,38 @@ func TestObservabilityDashboard(t *testing.T) {
 	}
 }
 
-// TestObservabilityDashboardLayout checks that the top-level panels fit the
-// 24-column grid and do not overlap, which Grafana would resolve by moving
-// panels around on load.
+// TestObservabilityDashboardLayout checks that the top-level panels, and
+// the panels of each collapsed row, fit the 24-column grid and do not
+// overlap, which Grafana would resolve by moving panels around on load; a
+// collapsed row's panels lie below it, where Grafana opens them.
 func TestObservabilityDashboardLayout(t *testing.T) {
 	panels := readDashboard(t).Panels
+	checkGrid(t, "top level", panels)
+	for _, row := range panels {
+		if row.Type != "row" || len(row.Panels) == 0 {
+			continue
+		}
+		checkGrid(t, fmt.Sprintf("row %q", row.Title), row.Panels)
+		for _, p := range row.Panels {
+			if p.GridPos.Y <= row.GridPos.Y {
+				t.Errorf("row %q: panel %d %q at y %d, not below the row at %d", row.Title, p.ID, p.Title, p.GridPos.Y, row.GridPos.Y)
+			}
+		}
+	}
+}
+
+// checkGrid checks that panels fit the 24-column grid and do not overlap.
+func checkGrid(t *testing.T, where string, panels []panel) {
+	t.Helper()
 	for i, p := range panels {
 		g := p.GridPos
 		if g.W <= 0 || g.H <= 0 || g.X < 0 || g.Y < 0 || g.X+g.W > 24 {
-			t.Errorf("panel %d %q: gridPos %+v outside the 24-column grid", p.ID, p.Title, g)
+			t.Errorf("%s: panel %d %q: gridPos %+v outside the 24-column grid", where, p.ID, p.Title, g)
 		}
 		for _, q := range panels[:i] {
 			h := q.GridPos
 			if g.X < h.X+h.W && h.X < g.X+g.W && g.Y < h.Y+h.H && h.Y < g.Y+g.H {
-				t.Errorf("panel %d %q overlaps panel %d %q", p.ID, p.Title, q.ID, q.Title)
+				t.Errorf("%s: panel %d %q overlaps panel %d %q", where, p.ID, p.Title, q.ID, q.Title)
 			}
 		}
 	}
@@ -516,16 +721,39 @@ func readAlerts(t *testing.T) (names, exprs []string) {
 	return names, exprs
 }
 
+// alertsMustRead are the metrics some alert must read, with what for.
+var alertsMustRead = map[string]string{
+	"extractedprism_upstreams_active":                "a node with no usable upstream",
+	"extractedprism_health_check_status":             "an API server unreachable from many nodes, or from one",
+	"extractedprism_upstream_ready":                  "an API server not ready; readyz failing on every upstream of a node",
+	"extractedprism_clients_refused_total":           "refused clients",
+	"extractedprism_connection_limit":                "nearing the connection bound",
+	"extractedprism_discovery_errors_total":          "discovery failing",
+	"extractedprism_discovery_running":               "discovery enabled but not running",
+	"extractedprism_health_connections_closed_total": "the health server at its cap",
+}
+
 func TestObservabilityAlerts(t *testing.T) {
 	registered := registeredMetrics(t)
 	_, exprs := readAlerts(t)
+	read := map[string]bool{}
 	for _, expr := range exprs {
 		if expr == "" {
 			t.Errorf("%s: empty expr", alertsPath)
 		}
-		problems, _ := checkQuery(expr, registered, false)
+		problems, used := checkQuery(expr, registered, false)
 		for _, p := range problems {
 			t.Errorf("%s: %s in %s", alertsPath, p, expr)
+		}
+		for _, name := range used {
+			read[name] = true
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(alertsMustRead)) {
+		if _, ok := registered[name]; !ok {
+			t.Errorf("%s (%s) is not registered any more; update the alerts and this test", name, alertsMustRead[name])
+		} else if !read[name] {
+			t.Errorf("%s: no alert reads %s (%s)", alertsPath, name, alertsMustRead[name])
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const (
@@ -78,6 +79,7 @@ type proxy struct {
 	stalledSince atomic.Int64
 
 	limitWarn, refusedWarning rateLog // see warnEvery
+	connLog                   connLog // see connlog.go
 }
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
@@ -87,6 +89,7 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 		log: log, m: m, pool: pl, dial: d.DialContext, dialTimeout: dialTimeout, hedge: true,
 		slots: make(chan struct{}, max(maxConns, 1)), idle: defaultIdlePolicy(),
 		limitWarn: rateLog{every: warnEvery}, refusedWarning: rateLog{every: warnEvery},
+		connLog: connLog{log: log},
 	}
 }
 
@@ -281,7 +284,14 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 	p.m.connectionsTotal.Inc()
 	p.m.connectionsActive.Inc()
 	defer p.m.connectionsActive.Dec()
-	p.copyBoth(pc)
+	start := time.Now()
+	first, second := p.copyBoth(pc)
+	pc.claim(naturalEnd(pc, first))
+	toUpstream, toClient := first.n, second.n
+	if first.src != pc.client {
+		toUpstream, toClient = toClient, toUpstream
+	}
+	p.connLog.ended(ctx, pc, start, toUpstream, toClient)
 }
 
 // prepareClient sets TCP_USER_TIMEOUT and TCP_NOTSENT_LOWAT on an accepted
@@ -317,15 +327,17 @@ func (p *proxy) refused(ctx context.Context, client net.Conn, err error) {
 // copyResult is how one direction of a connection ended.
 type copyResult struct {
 	dst, src net.Conn
+	n        int64 // bytes copied
 	err      error // nil: src ended cleanly
 }
 
-// copyHalf copies src to dst until src ends and reports how. Between two
-// TCP sockets io.Copy splices on Linux, so bulk bytes never enter user
-// space. It is a named function so that it shows in stack dumps.
-func copyHalf(results chan<- copyResult, dst, src net.Conn) {
-	_, err := io.Copy(dst, src)
-	results <- copyResult{dst: dst, src: src, err: err}
+// copyHalf copies src to dst until src ends and reports how, counting the
+// bytes on counted. Between two TCP sockets the copy splices on Linux, so
+// bulk bytes never enter user space. It is a named function so that it
+// shows in stack dumps.
+func copyHalf(results chan<- copyResult, dst, src net.Conn, counted prometheus.Counter) {
+	n, err := copyCounted(dst, src, counted)
+	results <- copyResult{dst: dst, src: src, n: n, err: err}
 }
 
 // copyBoth runs the two directions of pc and returns when both have ended.
@@ -335,12 +347,13 @@ func copyHalf(results chan<- copyResult, dst, src net.Conn) {
 // bytes the kernel acknowledged stay readable after a reset: so a direction
 // whose destination broke while its source is live leaves the other
 // direction to deliver the broken socket's last bytes, for flushTimeout at
-// most. Any failure then tears the connection down (see tearDown).
-func (p *proxy) copyBoth(pc *proxyConn) {
+// most. Any failure then tears the connection down (see tearDown). It
+// returns the direction that ended first and the other.
+func (p *proxy) copyBoth(pc *proxyConn) (first, second copyResult) {
 	results := make(chan copyResult, 2)
-	go copyHalf(results, pc.upstream, pc.client)
-	go copyHalf(results, pc.client, pc.upstream)
-	first := <-results
+	go copyHalf(results, pc.upstream, pc.client, pc.owner.counters.toUpstream)
+	go copyHalf(results, pc.client, pc.upstream, pc.owner.counters.toClient)
+	first = <-results
 	p.noteDead(pc, first.err)
 	switch {
 	case first.err == nil:
@@ -351,22 +364,23 @@ func (p *proxy) copyBoth(pc *proxyConn) {
 		}
 	case connBroken(first.dst) && !connBroken(first.src):
 		select {
-		case second := <-results:
+		case second = <-results:
 			p.noteDead(pc, second.err)
 			tearDown(pc)
 		case <-time.After(flushTimeout):
 			pc.close() // the other direction is stuck on a peer that does not read
-			<-results
+			second = <-results
 		}
-		return
+		return first, second
 	default:
 		tearDown(pc)
 	}
-	second := <-results
+	second = <-results
 	p.noteDead(pc, second.err)
 	if second.err != nil {
 		tearDown(pc)
 	}
+	return first, second
 }
 
 // noteDead counts pc in dead_connections_closed_total, once, when err says

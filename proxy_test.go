@@ -157,7 +157,12 @@ func startProxyDial(t testing.TB, cfg poolConfig, wrap func(dialFunc) dialFunc, 
 // configuration exactly as given.
 func startProxyCheck(t testing.TB, cfg poolConfig, check checkFunc, wrap func(dialFunc) dialFunc, endpoints ...string) *testProxy {
 	t.Helper()
-	log := slog.New(slog.DiscardHandler)
+	return startProxyLog(t, slog.New(slog.DiscardHandler), cfg, check, wrap, endpoints...)
+}
+
+// startProxyLog is startProxyCheck logging to log.
+func startProxyLog(t testing.TB, log *slog.Logger, cfg poolConfig, check checkFunc, wrap func(dialFunc) dialFunc, endpoints ...string) *testProxy {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
 	pl := newPool(log, m, cfg, check, randomSelector{})

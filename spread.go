@@ -32,20 +32,20 @@ func (p *pool) spreadWindow() time.Duration {
 // kubelet has one. A drain taken back or an upstream ready again stops the
 // closing. Shutdown (closeConns) and the pool's close end the wait and
 // close the rest at once. p.mu must be held.
-func (p *pool) closeSpreadLocked(u *upstream, window time.Duration) {
+func (p *pool) closeSpreadLocked(u *upstream, window time.Duration, reason connEnd) {
 	conns := slices.Collect(maps.Keys(u.conns))
 	if window <= 0 || len(conns) == 0 || p.closed {
 		for _, pc := range conns {
-			pc.close()
+			pc.closeFor(reason)
 		}
 		return
 	}
-	p.wg.Go(func() { p.spreadCloser(u, conns, window) })
+	p.wg.Go(func() { p.spreadCloser(u, conns, window, reason) })
 }
 
 // spreadCloser is the goroutine that closes conns of u over window, owned
 // by the pool: its WaitGroup counts it, and stopSpread ends it.
-func (p *pool) spreadCloser(u *upstream, conns []*proxyConn, window time.Duration) {
+func (p *pool) spreadCloser(u *upstream, conns []*proxyConn, window time.Duration, reason connEnd) {
 	start := time.Now()
 	slot := window / time.Duration(len(conns))
 	t := time.NewTimer(0)
@@ -56,7 +56,7 @@ func (p *pool) spreadCloser(u *upstream, conns []*proxyConn, window time.Duratio
 		select {
 		case <-p.spreadCtx.Done():
 			for _, rest := range conns[i:] {
-				rest.close()
+				rest.closeFor(connEndShutdown)
 			}
 			return
 		case <-t.C:
@@ -64,7 +64,7 @@ func (p *pool) spreadCloser(u *upstream, conns []*proxyConn, window time.Duratio
 		if !p.stillClosing(u) {
 			return
 		}
-		pc.close()
+		pc.closeFor(reason)
 	}
 }
 

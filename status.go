@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"slices"
@@ -23,10 +24,53 @@ import (
 	"unicode/utf8"
 )
 
+// upstreamsDoc is the /upstreams document. It is an object, so that it can
+// grow without breaking the scripts that read it.
+type upstreamsDoc struct {
+	Version           string           `json:"version"`
+	HealthCheck       string           `json:"health_check"`
+	UpstreamSelection string           `json:"upstream_selection"`
+	Summary           upstreamsSummary `json:"summary"`
+	Upstreams         []upstreamStatus `json:"upstreams"`
+}
+
+// upstreamsSummary counts the upstreams. Usable ones (healthy, not
+// draining) can take new connections; with readyz, ready ones are
+// preferred among them.
+type upstreamsSummary struct {
+	Total   int  `json:"total"`
+	Usable  int  `json:"usable"`
+	Healthy int  `json:"healthy"`
+	Ready   *int `json:"ready,omitempty"` // readyz only
+}
+
+// newUpstreamsDoc builds the document of the upstreams st for cfg.
+func newUpstreamsDoc(cfg *config, st []upstreamStatus) upstreamsDoc {
+	doc := upstreamsDoc{Version: versionLine(), HealthCheck: cfg.HealthCheck, UpstreamSelection: cfg.UpstreamSelection,
+		Summary: upstreamsSummary{Total: len(st)}, Upstreams: st}
+	if cfg.HealthCheck == checkReadyz {
+		doc.Summary.Ready = new(0)
+	}
+	for _, u := range st {
+		if u.Healthy {
+			doc.Summary.Healthy++
+		}
+		if u.Healthy && !u.Draining {
+			doc.Summary.Usable++
+		}
+		if doc.Summary.Ready != nil && u.State == stateReady {
+			*doc.Summary.Ready++
+		}
+	}
+	return doc
+}
+
 // upstreamStatus is what /upstreams shows of one upstream.
 type upstreamStatus struct {
 	Address       string     `json:"address"`
 	Sources       []string   `json:"sources"`
+	State         string     `json:"state"` // see stateLocked
+	StateSince    *time.Time `json:"state_since,omitempty"`
 	Healthy       bool       `json:"healthy"`
 	FailStreak    int        `json:"fail_streak"`
 	Ready         *bool      `json:"ready,omitempty"` // readyz mode, after the first probe
@@ -38,8 +82,11 @@ type upstreamStatus struct {
 	Draining      bool       `json:"draining"`
 	DrainDeadline *time.Time `json:"drain_deadline,omitempty"`
 	LastCheck     *time.Time `json:"last_check,omitempty"`
-	LastError     string     `json:"last_error,omitempty"`
-	LastErrorAt   *time.Time `json:"last_error_at,omitempty"`
+	// The last failed check, dial or probe, only while no check has
+	// passed whole since: an error the upstream has recovered from is
+	// history, which the log and the metrics keep.
+	LastError   string     `json:"last_error,omitempty"`
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
 }
 
 // describe returns the state of every upstream, ordered by address; sources
@@ -50,8 +97,9 @@ func (p *pool) describe(sources map[string][]string) []upstreamStatus {
 	out := make([]upstreamStatus, 0, len(p.upstreams))
 	for _, u := range p.upstreams {
 		st := upstreamStatus{
-			Address: u.addr, Sources: append([]string{}, sources[u.addr]...), Healthy: u.healthy, FailStreak: u.failStreak,
-			Connections: len(u.conns), Draining: u.draining,
+			Address: u.addr, Sources: append([]string{}, sources[u.addr]...),
+			State: p.stateLocked(u), StateSince: timePtr(!u.stateSince.IsZero(), u.stateSince),
+			Healthy: u.healthy, FailStreak: u.failStreak, Connections: len(u.conns), Draining: u.draining,
 			DrainDeadline: timePtr(u.drain.pending(), u.drainDeadline),
 			LastCheck:     timePtr(!u.lastCheck.IsZero(), u.lastCheck),
 		}
@@ -64,7 +112,7 @@ func (p *pool) describe(sources map[string][]string) []upstreamStatus {
 		if u.hasTier {
 			st.Tier = new(u.tier)
 		}
-		if u.lastErr != nil {
+		if u.lastErr != nil && !u.lastErrAt.Before(u.lastGood) {
 			st.LastError, st.LastErrorAt = displayText(u.lastErr.Error()), timePtr(true, u.lastErrAt)
 		}
 		out = append(out, st)
@@ -102,7 +150,7 @@ func displayText(s string) string {
 }
 
 // upstreamsHandler serves /upstreams as JSON.
-func upstreamsHandler(describe func() []upstreamStatus) http.Handler {
+func upstreamsHandler(describe func() upstreamsDoc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
@@ -111,49 +159,164 @@ func upstreamsHandler(describe func() []upstreamStatus) http.Handler {
 	})
 }
 
-// status is the "extractedprism status" command: it asks the daemon's
-// health server for /upstreams and prints the table, or the JSON with
-// --json. The address comes from --health-address, else from
-// EP_HEALTH_BIND_ADDRESS (or EP_BIND_ADDRESS) and EP_HEALTH_PORT, else
-// 127.0.0.1:7446.
-func status(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("extractedprism status", flag.ContinueOnError)
-	fs.SetOutput(stdout)
-	addr := fs.String("health-address", defaultHealthAddress(getenv), "host:port of the daemon's health server")
-	asJSON := fs.Bool("json", false, "print the JSON document instead of the table")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
+// The exit codes of status, for scripts and exec probes.
+const (
+	statusGood     = 0 // every upstream healthy and, with readyz, ready
+	statusDegraded = 1 // some upstream is not, or drains, but one is usable
+	statusNone     = 2 // no upstream usable: the node is cut off from the API
+	statusUnknown  = 3 // the daemon could not be asked
+)
+
+// defaultEnvFile is the systemd example's EnvironmentFile, where status
+// finds the health server's address when the environment does not say.
+const defaultEnvFile = "/etc/extractedprism/extractedprism.env"
+
+// exitError is an error with the exit code the process ends with.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// exitCode returns the exit code for err: 0 for nil, an exitError's, else 1.
+func exitCode(err error) int {
+	if err == nil {
+		return 0
 	}
+	if e, ok := errors.AsType[*exitError](err); ok {
+		return e.code
+	}
+	return 1
+}
+
+// status is the "extractedprism status" command: it asks the daemon's
+// health server for /upstreams, prints the summary and the table (or the
+// JSON with --json) and exits with one of the status codes.
+func status(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	addr, asJSON, err := parseStatusFlags(args, getenv, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return &exitError{statusUnknown, fmt.Errorf("status: %w", err)}
+	}
+	body, err := fetchUpstreams(ctx, addr)
+	if err != nil {
+		return &exitError{statusUnknown, fmt.Errorf("status: %w", err)}
+	}
+	var doc upstreamsDoc
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return &exitError{statusUnknown, fmt.Errorf("status: %s/upstreams: %w", addr, err)}
+	}
+	if asJSON {
+		_, err = stdout.Write(body)
+	} else {
+		err = writeStatus(stdout, doc, time.Now())
+	}
+	if err != nil {
+		return &exitError{statusUnknown, fmt.Errorf("status: %w", err)}
+	}
+	return verdict(doc)
+}
+
+// parseStatusFlags returns the health server's address and --json. The
+// address comes from --health-address, else from EP_HEALTH_BIND_ADDRESS
+// (or EP_BIND_ADDRESS) and EP_HEALTH_PORT in the environment, else in the
+// --env-file, else 127.0.0.1:7446: wherever the daemon was configured.
+func parseStatusFlags(args []string, getenv func(string) string, out io.Writer) (string, bool, error) {
+	set := flag.NewFlagSet("extractedprism status", flag.ContinueOnError)
+	set.SetOutput(io.Discard)
+	addr := set.String("health-address", "", "`host:port` of the daemon's health server (default: from EP_HEALTH_BIND_ADDRESS or EP_BIND_ADDRESS and EP_HEALTH_PORT, in the environment or else the --env-file; else 127.0.0.1:7446)")
+	envFile := set.String("env-file", defaultEnvFile, "systemd EnvironmentFile of the daemon, read for its EP_ variables if it exists; empty for none")
+	asJSON := set.Bool("json", false, "Print the /upstreams JSON document instead of the table")
+	if err := set.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printStatusUsage(out, set)
+		}
+		return "", false, err
+	}
+	if set.NArg() > 0 {
+		return "", false, fmt.Errorf("unexpected argument %q", set.Arg(0))
+	}
+	if *addr != "" {
+		return *addr, *asJSON, nil
+	}
+	var file map[string]string
+	if *envFile != "" {
+		var err error
+		file, err = readEnvFile(*envFile)
+		if err != nil && (*envFile != defaultEnvFile || !errors.Is(err, fs.ErrNotExist)) {
+			return "", false, fmt.Errorf("--env-file: %w", err)
+		}
+	}
+	lookup := func(k string) string { return cmp.Or(getenv(k), file[k]) }
+	return defaultHealthAddress(lookup), *asJSON, nil
+}
+
+func printStatusUsage(w io.Writer, set *flag.FlagSet) {
+	fmt.Fprint(w, "Usage: extractedprism status [flags]\n\nPrints the upstreams of a running daemon, from its /upstreams endpoint.\n"+
+		"Exit status: 0 every upstream usable (and ready, with readyz), 1 degraded,\n"+
+		"2 no upstream usable, 3 the daemon could not be asked.\n\n")
+	set.VisitAll(func(f *flag.Flag) { fmt.Fprintln(w, usageText(f, "")) })
+}
+
+// readEnvFile returns the EP_ variables of a systemd EnvironmentFile:
+// KEY=VALUE lines, with # or ; comments and optional quotes.
+func readEnvFile(path string) (map[string]string, error) {
+	data, err := readFileAtMost(path, 1<<20)
+	if err != nil {
+		return nil, err
+	}
+	vars := map[string]string{}
+	for line := range strings.Lines(string(data)) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if len(v) >= 2 && (v[0] == '"' || v[0] == '\'') && v[len(v)-1] == v[0] {
+			v = v[1 : len(v)-1]
+		}
+		if ok && strings.HasPrefix(k, "EP_") {
+			vars[k] = v
+		}
+	}
+	return vars, nil
+}
+
+// fetchUpstreams returns the body of GET /upstreams from addr.
+func fetchUpstreams(ctx context.Context, addr string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+*addr+"/upstreams", nil)
+	// The address is the operator's: a flag, the daemon's variables or its
+	// EnvironmentFile, which only root writes.
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/upstreams", nil) //nolint:gosec // see above
 	if err != nil {
-		return fmt.Errorf("status: %w", err)
+		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(req) //nolint:gosec // see above
 	if err != nil {
-		return fmt.Errorf("status: %w", err)
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status: %s answered %s", *addr, resp.Status)
+		return nil, fmt.Errorf("%s answered %s", addr, resp.Status)
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return fmt.Errorf("status: %w", err)
+	return io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+}
+
+// verdict returns nil when every upstream is in its good state, else the
+// exitError of a degraded node or of one with no usable upstream.
+func verdict(doc upstreamsDoc) error {
+	sum := doc.Summary
+	if sum.Usable == 0 {
+		return &exitError{statusNone, fmt.Errorf("status: no upstream usable of %d", sum.Total)}
 	}
-	if *asJSON {
-		_, err := stdout.Write(body)
-		return err
+	for _, u := range doc.Upstreams {
+		if u.State != stateHealthy && u.State != stateReady {
+			return &exitError{statusDegraded, fmt.Errorf("status: degraded: %s is %s", displayText(u.Address), displayText(u.State))}
+		}
 	}
-	var st []upstreamStatus
-	if err := json.Unmarshal(body, &st); err != nil {
-		return fmt.Errorf("status: %s/upstreams: %w", *addr, err)
-	}
-	return writeUpstreamTable(stdout, st)
+	return nil
 }
 
 func defaultHealthAddress(getenv func(string) string) string {
@@ -161,39 +324,72 @@ func defaultHealthAddress(getenv func(string) string) string {
 	return net.JoinHostPort(dialableHost(host), cmp.Or(getenv("EP_HEALTH_PORT"), "7446"))
 }
 
-// writeUpstreamTable renders st as an aligned table. The daemon has made
-// the error text safe for a terminal (displayText); every cell is cleaned
-// again here, as the document came over the network.
-func writeUpstreamTable(w io.Writer, st []upstreamStatus) error {
+// writeStatus renders doc: a summary line, then a table of the upstreams
+// with their ages from now. The daemon has made the error text safe for a
+// terminal (displayText); every cell is cleaned again here, as the
+// document came over the network.
+func writeStatus(w io.Writer, doc upstreamsDoc, now time.Time) error {
+	sum := doc.Summary
+	counts := fmt.Sprintf("%d healthy", sum.Healthy)
+	if sum.Ready != nil {
+		counts += fmt.Sprintf(", %d ready", *sum.Ready)
+	}
+	fmt.Fprintln(w, displayText(fmt.Sprintf("%s: %d of %d upstreams usable (%s); health check %s, selection %s",
+		doc.Version, sum.Usable, sum.Total, counts, doc.HealthCheck, doc.UpstreamSelection)))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "UPSTREAM\tSOURCES\tHEALTH\tSTREAK\tREADY\tRTT\tTIER\tCONNS\tDRAIN\tLAST CHECK\tLAST ERROR")
-	for _, s := range st {
-		row := []string{s.Address, strings.Join(s.Sources, ","), "unhealthy", strconv.Itoa(s.FailStreak), readyWord(s),
-			"", "", strconv.Itoa(s.Connections), "", "", s.LastError}
-		if s.Healthy {
-			row[2] = "healthy"
-		}
-		if s.RTTSeconds != nil {
-			row[5] = time.Duration(*s.RTTSeconds * float64(time.Second)).Round(10 * time.Microsecond).String()
-		}
-		if s.Tier != nil {
-			row[6] = strconv.Itoa(*s.Tier)
-		}
-		switch {
-		case s.Draining && s.DrainDeadline != nil:
-			row[8] = "until " + s.DrainDeadline.Format(time.RFC3339)
-		case s.Draining:
-			row[8] = "draining"
-		}
-		if s.LastCheck != nil {
-			row[9] = s.LastCheck.Format(time.RFC3339)
-		}
-		for i, cell := range row {
-			row[i] = cmp.Or(displayText(cell), "-")
-		}
-		fmt.Fprintln(tw, strings.Join(row, "\t"))
+	fmt.Fprintln(tw, "UPSTREAM\tSOURCES\tSTATE\tFOR\tSTREAK\tRTT\tTIER\tCONNS\tDRAIN\tLAST CHECK\tLAST ERROR")
+	for _, s := range doc.Upstreams {
+		fmt.Fprintln(tw, strings.Join(tableRow(s, now), "\t"))
 	}
 	return tw.Flush()
+}
+
+// tableRow returns the cells of s's row, a dash for each empty one.
+func tableRow(s upstreamStatus, now time.Time) []string {
+	row := []string{s.Address, strings.Join(s.Sources, ","), stateWord(s), age(now, s.StateSince), strconv.Itoa(s.FailStreak),
+		"", "", strconv.Itoa(s.Connections), "", "", ""}
+	if s.RTTSeconds != nil {
+		row[5] = time.Duration(*s.RTTSeconds * float64(time.Second)).Round(10 * time.Microsecond).String()
+	}
+	if s.Tier != nil {
+		row[6] = strconv.Itoa(*s.Tier)
+	}
+	switch {
+	case s.Draining && s.DrainDeadline != nil:
+		row[8] = "ends in " + max(s.DrainDeadline.Sub(now), 0).Round(time.Second).String()
+	case s.Draining:
+		row[8] = "draining"
+	}
+	if s.LastCheck != nil {
+		row[9] = age(now, s.LastCheck) + " ago"
+	}
+	if s.LastError != "" {
+		row[10] = s.LastError
+		if s.LastErrorAt != nil {
+			row[10] += " (" + age(now, s.LastErrorAt) + " ago)"
+		}
+	}
+	for i, cell := range row {
+		row[i] = cmp.Or(displayText(cell), "-")
+	}
+	return row
+}
+
+// age returns how long before now t was, to the second; "" without t.
+func age(now time.Time, t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return max(now.Sub(*t), 0).Round(time.Second).String()
+}
+
+// stateWord is s's state, with the detail of a ready upstream avoided
+// after a failed connect.
+func stateWord(s upstreamStatus) string {
+	if s.State == stateReady && s.AwaitingProbe {
+		return "ready-awaiting-probe"
+	}
+	return s.State
 }
 
 func readyWord(s upstreamStatus) string {
@@ -219,4 +415,34 @@ func dialableHost(host string) string {
 		return "::1"
 	}
 	return host
+}
+
+// The states /upstreams shows, worst first: an upstream is draining,
+// unhealthy (its TCP checks fail), with readyz pending (no probe has
+// passed since it was added or came back) or not-ready, else ready, or
+// healthy without readyz.
+const (
+	stateDraining  = "draining"
+	stateUnhealthy = "unhealthy"
+	statePending   = "pending"
+	stateNotReady  = "not-ready"
+	stateReady     = "ready"
+	stateHealthy   = "healthy"
+)
+
+// stateLocked returns u's state; p.mu must be held.
+func (p *pool) stateLocked(u *upstream) string {
+	switch {
+	case u.draining:
+		return stateDraining
+	case !u.healthy:
+		return stateUnhealthy
+	case !p.cfg.readyz:
+		return stateHealthy
+	case u.rd.pending:
+		return statePending
+	case !u.rd.ready:
+		return stateNotReady
+	}
+	return stateReady
 }

@@ -102,7 +102,7 @@ func (p *pool) closeStalledLocked(u *upstream) {
 	for pc := range u.conns {
 		if stalledFor(pc.upstream) >= sweepUserTimeout && !pc.dead.Swap(true) {
 			p.m.deadConnsClosed.Inc() // before the client can see the close
-			pc.close()
+			pc.closeFor(connEndSweep)
 			closed++
 		}
 	}

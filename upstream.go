@@ -19,7 +19,7 @@ import (
 const failThreshold = 2
 
 // upstream is one API server endpoint known to the pool. addr, log, errs,
-// dialSeconds, connGauge and recheck are set once and read without a lock;
+// dialSeconds, connGauge, counters and recheck are set once and read without a lock;
 // every other field is guarded by pool.mu.
 type upstream struct {
 	addr string
@@ -30,6 +30,7 @@ type upstream struct {
 	errs        prometheus.Counter
 	dialSeconds prometheus.Observer
 	connGauge   prometheus.Gauge
+	counters    connCounters
 	// recheck asks the probe loop for a check now: a failed client dial and
 	// a slow dial called off send to it. One pending request is enough.
 	recheck chan struct{}
@@ -40,10 +41,17 @@ type upstream struct {
 	// dials; lastErr is the last failed check, dial or probe.
 	lastHealthy, lastErrAt, lastCheck time.Time
 	lastErr                           error
-	restored                          time.Time     // when u last turned healthy or not suspect again
-	tier                              int           // set by latencySelector when hasTier
-	rtt                               time.Duration // smoothed connect time of successful checks
-	hasTier, hasRTT                   bool
+	// lastGood is the last check that passed whole (with readyz, its probe
+	// too): an error before it is history, not the upstream's state.
+	lastGood time.Time
+	// state is what /upstreams shows (see upstreamState), entered at
+	// stateSince; publishLocked keeps both.
+	state           string
+	stateSince      time.Time
+	restored        time.Time     // when u last turned healthy or not suspect again
+	tier            int           // set by latencySelector when hasTier
+	rtt             time.Duration // smoothed connect time of successful checks
+	hasTier, hasRTT bool
 	// suspect is set from the first failed check or dial until the next
 	// success that may restore it (see applyLocked); its sockets then use
 	// the sweep's settings (see sweep.go).
@@ -66,10 +74,14 @@ type upstream struct {
 // proxyConn is one proxied connection: the accepted client socket and the
 // upstream socket it was joined to.
 type proxyConn struct {
-	client, upstream net.Conn // upstream is set before the pool learns of pc, never changed after
+	client, upstream net.Conn  // upstream is set before the pool learns of pc, never changed after
+	owner            *upstream // set by pool.connected, never changed after
 	// dead is set once pc is counted in dead_connections_closed_total, by
 	// the copy that met the kernel's ETIMEDOUT or by the sweep.
 	dead atomic.Bool
+	// ended is its connEnd, set once by the first to claim it (see
+	// connlog.go).
+	ended atomic.Uint32
 }
 
 // close force-closes both sockets; the copies then end on their own.
@@ -78,10 +90,11 @@ func (pc *proxyConn) close() {
 	_ = pc.upstream.Close()
 }
 
-// closeConns force-closes every connection of u. pool.mu must be held.
-func (u *upstream) closeConns() {
+// closeConns force-closes every connection of u for reason. pool.mu must
+// be held.
+func (u *upstream) closeConns(reason connEnd) {
 	for pc := range u.conns {
-		pc.close()
+		pc.closeFor(reason)
 	}
 }
 
@@ -136,12 +149,15 @@ type pool struct {
 	stopSpread context.CancelFunc
 	wg         sync.WaitGroup // probe loops, pending deadlines and spread closers
 
-	// mu guards upstreams, closed, notes and the mutable fields of every
-	// upstream.
+	// mu guards upstreams, closed, notes, unusableSince and the mutable
+	// fields of every upstream.
 	mu        sync.Mutex
 	upstreams map[string]*upstream
 	closed    bool
 	notes     []logNote // written by unlock, after the lock is released
+	// unusableSince is when the last usable upstream (healthy, not
+	// draining) went, zero while one is.
+	unusableSince time.Time
 
 	snap atomic.Pointer[snapshot]
 }
@@ -268,6 +284,7 @@ func (p *pool) addLocked(addr string) {
 		errs:        p.m.connectionErrors.WithLabelValues(addr),
 		dialSeconds: p.m.dialSeconds.WithLabelValues(addr),
 		connGauge:   p.m.upstreamConns.WithLabelValues(addr),
+		counters:    newConnCounters(p.m, addr),
 		recheck:     make(chan struct{}, 1),
 		healthy:     true, // a new upstream takes picks before its first check
 		rd:          readiness{pending: true},
@@ -301,7 +318,7 @@ func (p *pool) startDrainLocked(u *upstream) {
 	p.arm(&u.drain, p.cfg.drainTimeout-w, func() {
 		if w > 0 {
 			p.note(u, slog.LevelInfo, "drain timeout ending: closing connections", "connections", len(u.conns), "over", w)
-			p.closeSpreadLocked(u, w)
+			p.closeSpreadLocked(u, w, connEndDrain)
 		}
 		p.arm(&u.drain, w, func() {
 			p.note(u, slog.LevelInfo, "drain timeout expired, closing connections", "connections", len(u.conns))
@@ -317,7 +334,7 @@ func (p *pool) removeLocked(u *upstream) {
 	p.stopDeadlinesLocked(u)
 	u.removed = true
 	delete(p.upstreams, u.addr)
-	u.closeConns()
+	u.closeConns(connEndDrain)
 	clear(u.conns)
 	p.m.forgetUpstream(u.addr)
 }
@@ -332,6 +349,9 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 	u.lastCheck = time.Now()
 	if res.notReady != nil {
 		u.lastErr, u.lastErrAt = res.notReady, u.lastCheck
+	}
+	if res.err == nil && res.notReady == nil {
+		u.lastGood = u.lastCheck
 	}
 	if u.removed || u.draining {
 		return false // checks stop while draining; the state holds until removal
@@ -495,6 +515,7 @@ func (p *pool) connected(u *upstream, pc *proxyConn) bool {
 	if p.applyLocked(u, checkResult{}) {
 		p.publishLocked()
 	}
+	pc.owner = u
 	u.conns[pc] = struct{}{}
 	u.connGauge.Inc()
 	// A connection that reaches an unready upstream while another is ready
@@ -540,7 +561,7 @@ func (p *pool) closeConns() {
 	p.mu.Lock()
 	defer p.unlock()
 	for _, u := range p.upstreams {
-		u.closeConns()
+		u.closeConns(connEndShutdown)
 	}
 }
 
@@ -550,7 +571,11 @@ func (p *pool) publishLocked() {
 	all := slices.SortedFunc(maps.Values(p.upstreams), func(a, b *upstream) int { return cmp.Compare(a.addr, b.addr) })
 	var candidates []*upstream
 	drains := 0
+	now := time.Now()
 	for _, u := range all {
+		if st := p.stateLocked(u); st != u.state {
+			u.state, u.stateSince = st, now
+		}
 		switch {
 		case u.draining && u.drain.pending():
 			drains++
@@ -573,6 +598,25 @@ func (p *pool) publishLocked() {
 	p.m.upstreamsActive.Set(float64(s.healthy))
 	p.m.upstreamsTotal.Set(float64(len(p.upstreams)))
 	p.m.drains.Set(float64(drains))
+	p.noteUsableLocked(s.healthy)
+}
+
+// noteUsableLocked logs an error when the last usable upstream goes, once
+// for the whole episode (each upstream's own lines say why), and when one
+// is usable again. New connections then get only last-resort dials, and
+// the node is about to lose the API.
+func (p *pool) noteUsableLocked(usable int) {
+	switch {
+	case p.closed:
+	case usable == 0 && p.unusableSince.IsZero():
+		p.unusableSince = time.Now()
+		p.notes = append(p.notes, logNote{p.log, slog.LevelError, "no upstream usable: new connections get last-resort dials only",
+			[]any{"upstreams", len(p.upstreams)}})
+	case usable > 0 && !p.unusableSince.IsZero():
+		p.notes = append(p.notes, logNote{p.log, slog.LevelInfo, "upstream usable again",
+			[]any{"usable", usable, "after", time.Since(p.unusableSince).Round(time.Millisecond)}})
+		p.unusableSince = time.Time{}
+	}
 }
 
 // readyFirstLocked narrows the healthy candidates to the ready ones while
@@ -646,7 +690,7 @@ func (p *pool) startEvictionLocked(u *upstream) {
 func (p *pool) evictLocked(u *upstream, window time.Duration) {
 	u.evicted = true
 	p.note(u, slog.LevelInfo, "closing connections of unready upstream", "connections", len(u.conns), "over", window)
-	p.closeSpreadLocked(u, window)
+	p.closeSpreadLocked(u, window, connEndEviction)
 }
 
 // pick returns a pickable upstream that is not in tried, or nil: a random

@@ -446,15 +446,17 @@ func (d *Daemon) upstream(addr string) (upstreamState, error) {
 	if code != http.StatusOK {
 		return upstreamState{}, fmt.Errorf("/upstreams: status %d", code)
 	}
-	var all []struct {
-		Address  string   `json:"address"`
-		Sources  []string `json:"sources"`
-		Draining bool     `json:"draining"`
+	var doc struct {
+		Upstreams []struct {
+			Address  string   `json:"address"`
+			Sources  []string `json:"sources"`
+			Draining bool     `json:"draining"`
+		} `json:"upstreams"`
 	}
-	if err := json.Unmarshal([]byte(body), &all); err != nil {
+	if err := json.Unmarshal([]byte(body), &doc); err != nil {
 		return upstreamState{}, fmt.Errorf("/upstreams: %w", err)
 	}
-	for _, u := range all {
+	for _, u := range doc.Upstreams {
 		if u.Address == addr {
 			return upstreamState{known: true, draining: u.Draining, fromKube: slices.Contains(u.Sources, "kubernetes"),
 				fromCache: slices.Contains(u.Sources, "cache")}, nil
@@ -473,16 +475,18 @@ func (d *Daemon) onlyProxiedUpstream() (string, error) {
 	if code != http.StatusOK {
 		return "", fmt.Errorf("/upstreams: status %d", code)
 	}
-	var all []struct {
-		Address     string `json:"address"`
-		Connections int    `json:"connections"`
+	var doc struct {
+		Upstreams []struct {
+			Address     string `json:"address"`
+			Connections int    `json:"connections"`
+		} `json:"upstreams"`
 	}
-	if err := json.Unmarshal([]byte(body), &all); err != nil {
+	if err := json.Unmarshal([]byte(body), &doc); err != nil {
 		return "", fmt.Errorf("/upstreams: %w", err)
 	}
 	var with []string
 	addr := ""
-	for _, u := range all {
+	for _, u := range doc.Upstreams {
 		if u.Connections > 0 {
 			with = append(with, fmt.Sprintf("%s: %d", u.Address, u.Connections))
 			if u.Connections == 1 {

@@ -493,6 +493,7 @@ func templateCases(appVersion string) []templateCase {
 				if len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Port != "metrics" || pm.Spec.PodMetricsEndpoints[0].Path != "/metrics" {
 					t.Errorf("podMetricsEndpoints = %+v; want port metrics, path /metrics", pm.Spec.PodMetricsEndpoints)
 				}
+				checkPodMonitorLabels(t, pm, "")
 			},
 			readsNode: true,
 		},
@@ -876,6 +877,12 @@ func TestTemplateAcceptsEdgeValues(t *testing.T) {
 			if eps := m.PodMonitor.Spec.PodMetricsEndpoints; len(eps) != 1 || eps[0].Interval != "1m30s" || eps[0].ScrapeTimeout != "90s" {
 				t.Errorf("podMetricsEndpoints = %+v; want one with interval 1m30s, scrapeTimeout 90s", eps)
 			}
+		}},
+		{name: "PodMonitor with a cluster label", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "cluster": "prod-eu-1"}}, "handover": map[string]any{"enabled": false}}), check: func(t *testing.T, m *manifest) {
+			if m.PodMonitor == nil {
+				t.Fatal("no PodMonitor")
+			}
+			checkPodMonitorLabels(t, m.PodMonitor, "prod-eu-1")
 		}},
 		{name: "half the nodes at once", values: withEndpoints(map[string]any{"updateStrategy": map[string]any{"maxUnavailable": "50%", "minReadySeconds": 0}, "handover": map[string]any{"enabled": false}}), check: func(t *testing.T, m *manifest) {
 			ds := m.DaemonSet.Spec
@@ -1433,4 +1440,36 @@ func show[T any](p *T) string {
 		return "unset"
 	}
 	return fmt.Sprint(*p)
+}
+
+// checkPodMonitorLabels checks the relabelings of the PodMonitor's one
+// endpoint: the node label from the pod's node name, which the dashboard
+// and the alerts group by, and a cluster label set to cluster, or none when
+// cluster is empty. TestDashboardQueriesInPrometheus runs them in a real
+// Prometheus.
+func checkPodMonitorLabels(t *testing.T, pm *podMonitor, cluster string) {
+	t.Helper()
+	eps := pm.Spec.PodMetricsEndpoints
+	if len(eps) != 1 {
+		t.Fatalf("podMetricsEndpoints = %+v; want one", eps)
+	}
+	var node, clusters []relabeling
+	for _, r := range eps[0].Relabelings {
+		switch r.TargetLabel {
+		case "node":
+			node = append(node, r)
+		case "cluster":
+			clusters = append(clusters, r)
+		}
+	}
+	if len(node) != 1 || node[0].Action != "replace" || !slices.Equal(node[0].SourceLabels, []string{"__meta_kubernetes_pod_node_name"}) || node[0].Replacement != nil {
+		t.Errorf("relabelings to node = %+v; want one replace from __meta_kubernetes_pod_node_name", node)
+	}
+	switch {
+	case cluster == "" && len(clusters) != 0:
+		t.Errorf("relabelings to cluster = %+v; want none without metrics.podMonitor.cluster", clusters)
+	case cluster != "" && (len(clusters) != 1 || clusters[0].Action != "replace" || len(clusters[0].SourceLabels) != 0 ||
+		clusters[0].Replacement == nil || *clusters[0].Replacement != cluster):
+		t.Errorf("relabelings to cluster = %+v; want one replace setting %q", clusters, cluster)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"text/template"
 	"time"
+	"unicode"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -56,6 +57,7 @@ type alertRule struct {
 	Annotations struct {
 		Summary     string `json:"summary"`
 		Description string `json:"description"`
+		RunbookURL  string `json:"runbook_url"`
 	} `json:"annotations"`
 }
 
@@ -140,14 +142,18 @@ var wantAlerts = map[string]struct {
 	severity string
 	pending  time.Duration
 }{
-	"ExtractedprismNoHealthyUpstream":             {"critical", time.Minute},
-	"ExtractedprismUpstreamFlapping":              {"warning", 5 * time.Minute},
-	"ExtractedprismUpstreamDown":                  {"warning", 10 * time.Minute},
+	"ExtractedprismNoUsableUpstream":              {"critical", time.Minute},
+	"ExtractedprismClientsRefused":                {"warning", 5 * time.Minute},
+	"ExtractedprismNoUpstreamReady":               {"warning", 10 * time.Minute},
+	"ExtractedprismAPIServerUnreachable":          {"warning", 10 * time.Minute},
+	"ExtractedprismAPIServerUnreachableFromNode":  {"info", 30 * time.Minute},
+	"ExtractedprismAPIServerNotReady":             {"warning", 5 * time.Minute},
+	"ExtractedprismAPIServerFlapping":             {"warning", 5 * time.Minute},
+	"ExtractedprismNearConnectionLimit":           {"warning", 5 * time.Minute},
 	"ExtractedprismDiscoveryFailing":              {"warning", 10 * time.Minute},
 	"ExtractedprismDiscoveryNotRunning":           {"warning", 5 * time.Minute},
-	"ExtractedprismLivenessFailing":               {"warning", 5 * time.Minute},
-	"ExtractedprismNotReadyUpstreams":             {"warning", 5 * time.Minute},
 	"ExtractedprismHealthServerAtConnectionLimit": {"warning", 10 * time.Minute},
+	"ExtractedprismScrapeFailing":                 {"warning", 5 * time.Minute},
 }
 
 // alertTemplateFuncs stand in for the Prometheus template functions an
@@ -162,21 +168,31 @@ var alertTemplateFuncs = template.FuncMap{
 }
 
 // checkAlertTemplate parses and runs text as Prometheus runs annotation
-// templates: with $labels and $value defined in front of it.
+// templates: with $labels and $value defined in front of it. It runs it
+// twice, with and without the node label, which a scrape without the
+// chart's PodMonitor lacks.
 func checkAlertTemplate(text string) error {
 	const defs = "{{$labels := .Labels}}{{$externalLabels := .ExternalLabels}}{{$value := .Value}}"
 	tmpl, err := template.New("annotation").Funcs(alertTemplateFuncs).Parse(defs + text)
 	if err != nil {
 		return err
 	}
-	data := struct {
-		Labels, ExternalLabels map[string]string
-		Value                  float64
-	}{
-		Labels: map[string]string{"instance": "192.0.2.21:7446", "job": "kube-system/extractedprism", "upstream": "192.0.2.11:6443"},
-		Value:  5,
+	for _, node := range []string{"w1", ""} {
+		data := struct {
+			Labels, ExternalLabels map[string]string
+			Value                  float64
+		}{
+			Labels: map[string]string{"instance": "192.0.2.21:7446", "job": "kube-system/extractedprism", "upstream": "192.0.2.11:6443"},
+			Value:  5,
+		}
+		if node != "" {
+			data.Labels["node"] = node
+		}
+		if err := tmpl.Execute(io.Discard, data); err != nil {
+			return err
+		}
 	}
-	return tmpl.Execute(io.Discard, data)
+	return nil
 }
 
 func TestObservabilityAlertRules(t *testing.T) {
@@ -187,6 +203,7 @@ func TestObservabilityAlertRules(t *testing.T) {
 	if len(rf.Spec.Groups) == 0 {
 		t.Fatal("spec.groups is empty")
 	}
+	anchors := runbookAnchors(t)
 	groups := map[string]bool{}
 	seen := map[string]bool{}
 	for _, g := range rf.Spec.Groups {
@@ -220,6 +237,9 @@ func TestObservabilityAlertRules(t *testing.T) {
 			if !strings.Contains(r.Annotations.Description, "What to check:") {
 				t.Errorf("%s: description lacks a \"What to check:\" list", where)
 			}
+			if err := checkRunbookURL(r.Alert, r.Annotations.RunbookURL, anchors); err != nil {
+				t.Errorf("%s: runbook_url: %v", where, err)
+			}
 			for name, text := range map[string]string{"summary": r.Annotations.Summary, "description": r.Annotations.Description} {
 				if err := checkAlertTemplate(text); err != nil {
 					t.Errorf("%s: %s template: %v", where, name, err)
@@ -245,12 +265,131 @@ func TestObservabilityAlertTemplateCheck(t *testing.T) {
 		ok   bool
 	}{
 		{`{{ $labels.upstream }} on {{ $labels.instance }}: {{ printf "%.0f" $value }}`, true},
+		{`{{ or $labels.node $labels.instance }}: {{ $value | humanizePercentage }}`, true},
+		// Without the node label, $labels.node is an invalid value, as in
+		// Prometheus's expander (default missingkey): a function fails on it.
+		{`{{ $labels.node | toUpper }}`, false},
 		{`{{ $labels.upstream }`, false},
 		{`{{ $lables.upstream }}`, false},
 		{`{{ $value | humanise }}`, false},
 	} {
 		if err := checkAlertTemplate(tt.text); (err == nil) != tt.ok {
 			t.Errorf("checkAlertTemplate(%q) = %v; want ok %v", tt.text, err, tt.ok)
+		}
+	}
+}
+
+// troubleshootingPath is the operator's page the alerts' runbook_url
+// annotations lead to, one section per alert.
+var troubleshootingPath = filepath.Join(repoRoot, "docs", "troubleshooting.md")
+
+// runbookPrefix is where that page is published; an anchor follows.
+const runbookPrefix = "https://github.com/extractedprism/extractedprism/blob/main/docs/troubleshooting.md#"
+
+// githubAnchor returns the anchor GitHub gives a Markdown heading: lower
+// case, each space a hyphen, every other character but letters, digits,
+// hyphens and underscores dropped. (A repeated heading gets -1, -2...;
+// runbookAnchors refuses those instead.)
+func githubAnchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// markdownHeading matches an ATX heading line and captures its text.
+var markdownHeading = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*\s*$`)
+
+// markdownAnchors returns the anchors of the headings of a Markdown text,
+// skipping fenced code blocks, and the anchors that occur twice.
+func markdownAnchors(text string) (anchors map[string]bool, repeated []string) {
+	anchors = map[string]bool{}
+	fenced := false
+	for line := range strings.SplitSeq(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			fenced = !fenced
+			continue
+		}
+		m := markdownHeading.FindStringSubmatch(line)
+		if fenced || m == nil {
+			continue
+		}
+		a := githubAnchor(m[1])
+		if anchors[a] {
+			repeated = append(repeated, a)
+		}
+		anchors[a] = true
+	}
+	return anchors, repeated
+}
+
+// runbookAnchors returns the anchors of troubleshooting.md's headings.
+func runbookAnchors(t *testing.T) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(troubleshootingPath)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	anchors, repeated := markdownAnchors(string(data))
+	if len(repeated) > 0 {
+		t.Errorf("%s: headings repeated, so GitHub numbers their anchors: %q", troubleshootingPath, repeated)
+	}
+	return anchors
+}
+
+// checkRunbookURL says what is wrong with an alert's runbook_url: it must
+// lead to the alert's own section, whose heading is the alert's name.
+func checkRunbookURL(alert, url string, anchors map[string]bool) error {
+	anchor, ok := strings.CutPrefix(url, runbookPrefix)
+	switch {
+	case !ok:
+		return fmt.Errorf("%q does not start with %s", url, runbookPrefix)
+	case anchor != githubAnchor(alert):
+		return fmt.Errorf("anchor %q; want %q, the section headed %s", anchor, githubAnchor(alert), alert)
+	case !anchors[anchor]:
+		return fmt.Errorf("no heading of %s has the anchor %q", troubleshootingPath, anchor)
+	}
+	return nil
+}
+
+func TestObservabilityRunbookAnchors(t *testing.T) {
+	for _, tt := range []struct{ heading, want string }{
+		{"ExtractedprismNoUsableUpstream", "extractedprismnousableupstream"},
+		{"Wrong CA: readyz fails, TCP passes", "wrong-ca-readyz-fails-tcp-passes"},
+		{"Port clash (`bind: address already in use`)", "port-clash-bind-address-already-in-use"},
+		{"open_files limit -- few connections", "open_files-limit----few-connections"},
+	} {
+		if got := githubAnchor(tt.heading); got != tt.want {
+			t.Errorf("githubAnchor(%q) = %q; want %q", tt.heading, got, tt.want)
+		}
+	}
+
+	const doc = "# Title\n\n## ExtractedprismA\n\n```sh\n# not a heading\n```\n### Twice ##\n## twice\n"
+	anchors, repeated := markdownAnchors(doc)
+	if want := []string{"twice"}; !slices.Equal(repeated, want) {
+		t.Errorf("repeated anchors %q; want %q", repeated, want)
+	}
+	if anchors["not-a-heading"] {
+		t.Error("a comment inside a code block was taken for a heading")
+	}
+	for _, tt := range []struct {
+		alert, url string
+		ok         bool
+	}{
+		{"ExtractedprismA", runbookPrefix + "extractedprisma", true},
+		{"ExtractedprismA", "", false},
+		{"ExtractedprismA", "https://example.com/troubleshooting.md#extractedprisma", false},
+		{"ExtractedprismB", runbookPrefix + "extractedprismb", false}, // no such section
+		{"ExtractedprismA", runbookPrefix + "title", false},           // another alert's, or none
+	} {
+		if err := checkRunbookURL(tt.alert, tt.url, anchors); (err == nil) != tt.ok {
+			t.Errorf("checkRunbookURL(%q, %q) = %v; want ok %v", tt.alert, tt.url, err, tt.ok)
 		}
 	}
 }

@@ -190,12 +190,22 @@ type podMonitor struct {
 			MatchLabels map[string]string `json:"matchLabels"`
 		} `json:"selector"`
 		PodMetricsEndpoints []struct {
-			Port          string `json:"port"`
-			Path          string `json:"path"`
-			Interval      string `json:"interval"`
-			ScrapeTimeout string `json:"scrapeTimeout"`
+			Port          string       `json:"port"`
+			Path          string       `json:"path"`
+			Interval      string       `json:"interval"`
+			ScrapeTimeout string       `json:"scrapeTimeout"`
+			Relabelings   []relabeling `json:"relabelings"`
 		} `json:"podMetricsEndpoints"`
 	} `json:"spec"`
+}
+
+// relabeling is one of a PodMetricsEndpoint's relabelings: a Prometheus
+// relabel_config with the operator's field names.
+type relabeling struct {
+	Action       string   `json:"action"`
+	SourceLabels []string `json:"sourceLabels"`
+	TargetLabel  string   `json:"targetLabel"`
+	Replacement  *string  `json:"replacement"`
 }
 
 // manifest is one render, decoded. Every document must be of a kind the

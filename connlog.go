@@ -1,0 +1,176 @@
+package main
+
+// Beyond the spec: how each proxied connection ended, as HAProxy's tcplog
+// and stats give it. Every end is counted by upstream and reason
+// (connections_closed_total) and, at debug level, logged in one line with
+// its bytes each way; the bytes are counted as they pass
+// (upstream_bytes_total).
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// connEnd is how a proxied connection ended. The first to claim a
+// connection's end wins (proxyConn.claim): a close the daemon forces
+// (drain, eviction, sweep, idle, shutdown) or, for the rest, what the
+// handler saw when the copies ended.
+type connEnd uint32
+
+const (
+	connEndNone connEnd = iota
+	connEndClientClosed
+	connEndUpstreamClosed
+	connEndReset
+	connEndTimeout
+	connEndError
+	connEndDrain
+	connEndEviction
+	connEndSweep
+	connEndIdle
+	connEndShutdown
+	numConnEnds
+)
+
+// endNames are the reason label values, indexed by connEnd.
+func endNames() [numConnEnds]string {
+	return [numConnEnds]string{"", "client_closed", "upstream_closed", "reset", "timeout", "error",
+		"drain", "eviction", "sweep", "idle", "shutdown"}
+}
+
+// copyChunk is how many bytes of a direction pass between two additions to
+// upstream_bytes_total: one splice pipe's worth, so a long-lived watch's
+// bytes show while it runs, at most this much late.
+const copyChunk = 64 << 10
+
+// connCounters are an upstream's byte and end counters, made with the
+// upstream so that every series exists from the start (rates work from the
+// first scrape) and an increment after its removal lands on a counter no
+// longer exported.
+type connCounters struct {
+	toUpstream, toClient prometheus.Counter
+	ends                 [numConnEnds]prometheus.Counter
+}
+
+func newConnCounters(m *metrics, addr string) connCounters {
+	c := connCounters{
+		toUpstream: m.upstreamBytes.WithLabelValues(addr, dirToUpstream),
+		toClient:   m.upstreamBytes.WithLabelValues(addr, dirToClient),
+	}
+	for r, name := range endNames() {
+		if r != int(connEndNone) {
+			c.ends[r] = m.connsClosed.WithLabelValues(addr, name)
+		}
+	}
+	return c
+}
+
+// closeFor force-closes pc, counting it as ended for reason unless its end
+// was claimed already.
+func (pc *proxyConn) closeFor(reason connEnd) {
+	pc.claim(reason)
+	pc.close()
+}
+
+// claim records reason as pc's end and counts it, unless pc's end was
+// claimed before.
+func (pc *proxyConn) claim(reason connEnd) {
+	if pc.ended.CompareAndSwap(uint32(connEndNone), uint32(reason)) {
+		pc.owner.counters.ends[reason].Inc()
+	}
+}
+
+// copyCounted copies src to dst until src ends, adding to bytes every
+// copyChunk, and returns the total; a clean end is a nil error. io.CopyN
+// splices between TCP sockets as io.Copy does.
+func copyCounted(dst, src net.Conn, bytes prometheus.Counter) (int64, error) {
+	var total int64
+	for {
+		n, err := io.CopyN(dst, src, copyChunk)
+		total += n
+		bytes.Add(float64(n))
+		switch {
+		case errors.Is(err, io.EOF):
+			return total, nil
+		case err != nil:
+			return total, err
+		}
+	}
+}
+
+// naturalEnd is how pc ended when the daemon did not close it: from the
+// direction that ended first.
+func naturalEnd(pc *proxyConn, first copyResult) connEnd {
+	switch {
+	case first.err == nil && first.src == pc.client:
+		return connEndClientClosed
+	case first.err == nil:
+		return connEndUpstreamClosed
+	case errors.Is(first.err, syscall.ETIMEDOUT):
+		return connEndTimeout
+	case errors.Is(first.err, syscall.ECONNRESET), errors.Is(first.err, syscall.EPIPE):
+		return connEndReset
+	}
+	return connEndError
+}
+
+// connLogEvery and connLogBurst bound the debug lines of ended connections:
+// a storm of reconnects must not fill the log queue, so past connLogBurst
+// lines in connLogEvery the rest are only counted, and the next line says
+// how many were left out.
+const (
+	connLogEvery = time.Second
+	connLogBurst = 50
+)
+
+// connLog rate-limits the "connection closed" lines. Its fields are
+// guarded by mu; handlers of every connection share it.
+type connLog struct {
+	log                  *slog.Logger
+	mu                   sync.Mutex
+	windowStart          time.Time
+	inWindow, suppressed int
+}
+
+// ended logs pc's end at debug level, if debug is on and the rate allows.
+func (l *connLog) ended(ctx context.Context, pc *proxyConn, start time.Time, toUpstream, toClient int64) {
+	if !l.log.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	suppressed, ok := l.allow(time.Now())
+	if !ok {
+		return
+	}
+	args := []any{"client", pc.client.RemoteAddr().String(), "upstream", pc.owner.addr,
+		"duration", time.Since(start).Round(time.Millisecond), "to_upstream_bytes", toUpstream, "to_client_bytes", toClient,
+		"end", endNames()[pc.ended.Load()]}
+	if suppressed > 0 {
+		args = append(args, "suppressed", suppressed)
+	}
+	l.log.DebugContext(ctx, "connection closed", args...)
+}
+
+// allow reports whether a line may be written at now and how many were
+// left out before it.
+func (l *connLog) allow(now time.Time) (suppressed int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.windowStart) >= connLogEvery {
+		l.windowStart, l.inWindow = now, 0
+	}
+	if l.inWindow >= connLogBurst {
+		l.suppressed++
+		return 0, false
+	}
+	l.inWindow++
+	suppressed, l.suppressed = l.suppressed, 0
+	return suppressed, true
+}
