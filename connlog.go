@@ -47,9 +47,11 @@ func endNames() [numConnEnds]string {
 }
 
 // copyChunk is how many bytes of a direction pass between two additions to
-// upstream_bytes_total: one splice pipe's worth, so a long-lived watch's
-// bytes show while it runs, at most this much late.
-const copyChunk = 64 << 10
+// upstream_bytes_total, so a long-lived connection's bytes show while it
+// runs, at most this much late. It is the most Go's splice moves in one
+// call (its pipe's 1 MiB): a smaller chunk cuts every bulk splice short
+// and multiplies the system calls per gigabyte.
+const copyChunk = 1 << 20
 
 // connCounters are an upstream's byte and end counters, made with the
 // upstream so that every series exists from the start (rates work from the

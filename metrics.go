@@ -131,7 +131,7 @@ func (m *metrics) addBeyondSpec() {
 	m.idleConnsClosed.WithLabelValues(reasonLimit)
 	m.idleConnsClosed.WithLabelValues(reasonTimeout)
 	m.upstreamBytes = counterVec("upstream_bytes_total",
-		"Bytes proxied between clients and the upstream: direction=to_upstream, from clients; direction=to_client, from the upstream. Counted every 64 KiB of a direction and at its end.", labelUpstream, labelDirection)
+		"Bytes proxied between clients and the upstream: direction=to_upstream, from clients; direction=to_client, from the upstream. Counted every MiB of a direction and at its end.", labelUpstream, labelDirection)
 	m.connsClosed = counterVec("connections_closed_total",
 		"Proxied connections of the upstream that ended, by how: client_closed, upstream_closed (a clean end that side started), reset, timeout (the kernel gave up on a silent peer), error, drain, eviction (unready while another was ready), sweep, idle, shutdown.", labelUpstream, "reason")
 	m.discoveryRunning = gaugeVec("discovery_running",
