@@ -46,6 +46,7 @@ type config struct {
 
 	LogLevel                                          string
 	LivenessInterval, LivenessThreshold, DrainTimeout time.Duration
+	RebalancePeriod                                   time.Duration // beyond the spec: see rebalance.go
 
 	UpstreamSelection string // selectRandom or selectLatency
 	HealthCheck       string // checkTCP or checkReadyz
@@ -124,6 +125,7 @@ func newFlagSet(cfg *config) (*flag.FlagSet, *bool) {
 	fs.DurationVar(&cfg.LivenessInterval, "liveness-interval", 5*time.Second, "Heartbeat probe interval for liveness detection")
 	fs.DurationVar(&cfg.LivenessThreshold, "liveness-threshold", 15*time.Second, "Maximum time since last heartbeat before liveness fails")
 	fs.DurationVar(&cfg.DrainTimeout, "drain-timeout", 30*time.Second, "Grace period for connections to removed endpoints, and with readyz to unready ones while another upstream is ready, before force close (0 closes immediately)")
+	fs.DurationVar(&cfg.RebalancePeriod, "rebalance-period", defaultRebalancePeriod, "At most one long-lived connection closed per period, with jitter, while they are skewed across the upstreams (0 turns it off)")
 	fs.StringVar(&cfg.UpstreamSelection, "upstream-selection", selectRandom, "How new connections pick an upstream: random or latency")
 	fs.StringVar(&cfg.HealthCheck, "health-check", checkTCP, "Upstream health check: tcp (connect only) or readyz (connect, then prefer upstreams answering 200 on GET /readyz)")
 	fs.StringVar(&cfg.HealthCheckCAFile, "health-check-ca-file", "", "CA bundle that verifies the upstream serving certificates; required with readyz")
@@ -360,6 +362,9 @@ func (c *config) validateTimings(v *violations) {
 	v.addf(c.LivenessThreshold <= c.LivenessInterval, "liveness-threshold", "must be greater than %s: got %v <= %v",
 		flagRef("liveness-interval"), c.LivenessThreshold, c.LivenessInterval)
 	v.addf(c.DrainTimeout < 0, "drain-timeout", "must not be negative: got %v", c.DrainTimeout)
+	// A shorter period would move connections faster than the settle time
+	// and the quiet wait can judge them.
+	v.addf(c.RebalancePeriod != 0 && c.RebalancePeriod < 10*time.Second, "rebalance-period", "must be 0 (off) or at least 10s: got %v", c.RebalancePeriod)
 }
 
 func (c *config) validateModes(v *violations) {

@@ -73,7 +73,7 @@ func TestParseConfigValues(t *testing.T) {
 				BindAddress: "127.0.0.1", BindPort: 7445, HealthBindAddress: "127.0.0.1", HealthPort: 7446,
 				Endpoints: []string{testEndpoint}, HealthInterval: 20 * time.Second, HealthTimeout: 15 * time.Second,
 				EnableDiscovery: true, LogLevel: "info", LivenessInterval: 5 * time.Second, LivenessThreshold: 15 * time.Second,
-				DrainTimeout: 30 * time.Second, UpstreamSelection: "random", HealthCheck: "tcp", HealthCheckServerName: "kubernetes.default.svc",
+				DrainTimeout: 30 * time.Second, RebalancePeriod: time.Minute, UpstreamSelection: "random", HealthCheck: "tcp", HealthCheckServerName: "kubernetes.default.svc",
 			}
 			if tt.set != nil {
 				tt.set(want)

@@ -37,13 +37,14 @@ const (
 	connEndSweep
 	connEndIdle
 	connEndShutdown
+	connEndRebalance
 	numConnEnds
 )
 
 // endNames are the reason label values, indexed by connEnd.
 func endNames() [numConnEnds]string {
 	return [numConnEnds]string{"", "client_closed", "upstream_closed", "reset", "timeout", "error",
-		"drain", "eviction", "sweep", "idle", "shutdown"}
+		"drain", "eviction", "sweep", "idle", "shutdown", "rebalance"}
 }
 
 // copyChunk is how many bytes of a direction pass between two additions to

@@ -52,6 +52,9 @@
 // --health-check readyz each successful connect continues with GET /readyz:
 // new connections prefer ready upstreams, and an unready upstream's
 // connections are closed after --drain-timeout while another is ready.
+// Beyond the spec, once every --rebalance-period one long-lived connection
+// of the most loaded upstream closes at a quiet moment while they are
+// skewed (rebalance.go).
 //
 // # Health server
 //
@@ -276,7 +279,7 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string, hangups <-chan os.S
 	pc := poolConfig{
 		interval: cfg.HealthInterval, timeout: cfg.HealthTimeout, drainTimeout: cfg.DrainTimeout,
 		quickRecheck: quickRecheck, jitter: probeJitter, sweep: true, readyz: cfg.HealthCheck == checkReadyz,
-		closeSpread: closeSpread,
+		closeSpread: closeSpread, rebalance: cfg.RebalancePeriod,
 	}
 	check := tcpCheck
 	if cfg.HealthCheck == checkReadyz {

@@ -133,7 +133,7 @@ func (m *metrics) addBeyondSpec() {
 	m.upstreamBytes = counterVec("upstream_bytes_total",
 		"Bytes proxied between clients and the upstream: direction=to_upstream, from clients; direction=to_client, from the upstream. Counted every MiB of a direction and at its end.", labelUpstream, labelDirection)
 	m.connsClosed = counterVec("connections_closed_total",
-		"Proxied connections of the upstream that ended, by how: client_closed, upstream_closed (a clean end that side started), reset, timeout (the kernel gave up on a silent peer), error, drain, eviction (unready while another was ready), sweep, idle, shutdown.", labelUpstream, "reason")
+		"Proxied connections of the upstream that ended, by how: client_closed, upstream_closed (a clean end that side started), reset, timeout (the kernel gave up on a silent peer), error, drain, eviction (unready while another was ready), sweep, idle, shutdown, rebalance (a long-lived connection moved off the most loaded upstream).", labelUpstream, "reason")
 	m.discoveryRunning = gaugeVec("discovery_running",
 		"1 while the discovery provider runs; 0 once it is enabled but could not start, while its credentials do not load or are refused (401, 403), or after it stopped before shutdown. The kubernetes series exists only with --enable-discovery.", labelProvider)
 }

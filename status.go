@@ -79,6 +79,9 @@ type upstreamStatus struct {
 	RTTSeconds    *float64   `json:"rtt_seconds,omitempty"`
 	Tier          *int       `json:"tier,omitempty"` // latency mode
 	Connections   int        `json:"connections"`
+	// LongLived counts the connections older than pool.longLivedAge, which
+	// the rebalancer spreads (see rebalance.go).
+	LongLived     int        `json:"long_lived_connections"`
 	Draining      bool       `json:"draining"`
 	DrainDeadline *time.Time `json:"drain_deadline,omitempty"`
 	LastCheck     *time.Time `json:"last_check,omitempty"`
@@ -94,12 +97,13 @@ type upstreamStatus struct {
 func (p *pool) describe(sources map[string][]string) []upstreamStatus {
 	p.mu.Lock()
 	defer p.unlock()
+	now := time.Now()
 	out := make([]upstreamStatus, 0, len(p.upstreams))
 	for _, u := range p.upstreams {
 		st := upstreamStatus{
 			Address: u.addr, Sources: append([]string{}, sources[u.addr]...),
 			State: p.stateLocked(u), StateSince: timePtr(!u.stateSince.IsZero(), u.stateSince),
-			Healthy: u.healthy, FailStreak: u.failStreak, Connections: len(u.conns), Draining: u.draining,
+			Healthy: u.healthy, FailStreak: u.failStreak, Connections: len(u.conns), LongLived: len(p.longLived(u, now)), Draining: u.draining,
 			DrainDeadline: timePtr(u.drain.pending(), u.drainDeadline),
 			LastCheck:     timePtr(!u.lastCheck.IsZero(), u.lastCheck),
 		}
@@ -337,7 +341,7 @@ func writeStatus(w io.Writer, doc upstreamsDoc, now time.Time) error {
 	fmt.Fprintln(w, displayText(fmt.Sprintf("%s: %d of %d upstreams usable (%s); health check %s, selection %s",
 		doc.Version, sum.Usable, sum.Total, counts, doc.HealthCheck, doc.UpstreamSelection)))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "UPSTREAM\tSOURCES\tSTATE\tFOR\tSTREAK\tRTT\tTIER\tCONNS\tDRAIN\tLAST CHECK\tLAST ERROR")
+	fmt.Fprintln(tw, "UPSTREAM\tSOURCES\tSTATE\tFOR\tSTREAK\tRTT\tTIER\tCONNS\tLONG\tDRAIN\tLAST CHECK\tLAST ERROR")
 	for _, s := range doc.Upstreams {
 		fmt.Fprintln(tw, strings.Join(tableRow(s, now), "\t"))
 	}
@@ -347,7 +351,7 @@ func writeStatus(w io.Writer, doc upstreamsDoc, now time.Time) error {
 // tableRow returns the cells of s's row, a dash for each empty one.
 func tableRow(s upstreamStatus, now time.Time) []string {
 	row := []string{s.Address, strings.Join(s.Sources, ","), stateWord(s), age(now, s.StateSince), strconv.Itoa(s.FailStreak),
-		"", "", strconv.Itoa(s.Connections), "", "", ""}
+		"", "", strconv.Itoa(s.Connections), strconv.Itoa(s.LongLived), "", "", ""}
 	if s.RTTSeconds != nil {
 		row[5] = time.Duration(*s.RTTSeconds * float64(time.Second)).Round(10 * time.Microsecond).String()
 	}
@@ -356,17 +360,17 @@ func tableRow(s upstreamStatus, now time.Time) []string {
 	}
 	switch {
 	case s.Draining && s.DrainDeadline != nil:
-		row[8] = "ends in " + max(s.DrainDeadline.Sub(now), 0).Round(time.Second).String()
+		row[9] = "ends in " + max(s.DrainDeadline.Sub(now), 0).Round(time.Second).String()
 	case s.Draining:
-		row[8] = "draining"
+		row[9] = "draining"
 	}
 	if s.LastCheck != nil {
-		row[9] = age(now, s.LastCheck) + " ago"
+		row[10] = age(now, s.LastCheck) + " ago"
 	}
 	if s.LastError != "" {
-		row[10] = s.LastError
+		row[11] = s.LastError
 		if s.LastErrorAt != nil {
-			row[10] += " (" + age(now, s.LastErrorAt) + " ago)"
+			row[11] += " (" + age(now, s.LastErrorAt) + " ago)"
 		}
 	}
 	for i, cell := range row {

@@ -34,7 +34,7 @@ func tableCells(t *testing.T, out string) [][]string {
 	return rows
 }
 
-var tableHeader = []string{"UPSTREAM", "SOURCES", "STATE", "FOR", "STREAK", "RTT", "TIER", "CONNS", "DRAIN", "LAST CHECK", "LAST ERROR"}
+var tableHeader = []string{"UPSTREAM", "SOURCES", "STATE", "FOR", "STREAK", "RTT", "TIER", "CONNS", "LONG", "DRAIN", "LAST CHECK", "LAST ERROR"}
 
 func TestWriteStatus(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -42,7 +42,7 @@ func TestWriteStatus(t *testing.T) {
 	doc := upstreamsDoc{Version: "extractedprism v1.2.3", HealthCheck: checkReadyz, UpstreamSelection: selectLatency,
 		Summary: upstreamsSummary{Total: 5, Usable: 2, Healthy: 3, Ready: new(1)}, Upstreams: []upstreamStatus{
 			{Address: "10.0.0.1:6443", Sources: []string{"static", "kubernetes"}, State: stateReady, StateSince: at(4*time.Minute + 2*time.Second),
-				Healthy: true, Ready: new(true), RTTSeconds: new(0.0012345), Tier: new(0), Connections: 3, LastCheck: at(2 * time.Second)},
+				Healthy: true, Ready: new(true), RTTSeconds: new(0.0012345), Tier: new(0), Connections: 3, LongLived: 2, LastCheck: at(2 * time.Second)},
 			{Address: "10.0.0.2:6443", Sources: []string{"kubernetes"}, State: stateDraining, StateSince: at(time.Second), FailStreak: 2,
 				Connections: 1, Draining: true, DrainDeadline: new(now.Add(30 * time.Second)), LastCheck: at(3 * time.Second),
 				LastError: "dial tcp 10.0.0.2:6443: connect: connection refused", LastErrorAt: at(3 * time.Second)},
@@ -52,12 +52,12 @@ func TestWriteStatus(t *testing.T) {
 		}}
 	want := [][]string{
 		tableHeader,
-		{"10.0.0.1:6443", "static,kubernetes", "ready", "4m2s", "0", "1.23ms", "0", "3", "-", "2s ago", "-"},
-		{"10.0.0.2:6443", "kubernetes", "draining", "1s", "2", "-", "-", "1", "ends in 30s", "3s ago",
+		{"10.0.0.1:6443", "static,kubernetes", "ready", "4m2s", "0", "1.23ms", "0", "3", "2", "-", "2s ago", "-"},
+		{"10.0.0.2:6443", "kubernetes", "draining", "1s", "2", "-", "-", "1", "0", "ends in 30s", "3s ago",
 			"dial tcp 10.0.0.2:6443: connect: connection refused (3s ago)"},
-		{"[fd00::3]:6443", "-", "ready-awaiting-probe", "-", "0", "-", "1", "0", "-", "-", "-"},
-		{"10.0.0.4:6443", "-", "not-ready", "1m0s", "0", "-", "-", "0", "-", "-", "-"},
-		{"10.0.0.5:6443", "-", "unhealthy", "-", "0", "-", "-", "0", "-", "-", "-"},
+		{"[fd00::3]:6443", "-", "ready-awaiting-probe", "-", "0", "-", "1", "0", "0", "-", "-", "-"},
+		{"10.0.0.4:6443", "-", "not-ready", "1m0s", "0", "-", "-", "0", "0", "-", "-", "-"},
+		{"10.0.0.5:6443", "-", "unhealthy", "-", "0", "-", "-", "0", "0", "-", "-", "-"},
 	}
 	var out bytes.Buffer
 	if err := writeStatus(&out, doc, now); err != nil {
@@ -139,7 +139,7 @@ func TestStatusCleansHostileDocument(t *testing.T) {
 	}
 	cut := "boom\uFFFD\uFFFDfake row\uFFFDinjected" + strings.Repeat("x", maxErrorText-len("boom\r\nfake row\tinjected")) + "..."
 	want := []string{"10.0.0.1:6443\uFFFD]0;owned\uFFFD", "static\uFFFD10.6.6.6:6443,kube\uFFFDrnetes", "healthy",
-		"-", "0", "-", "-", "0", "-", "-", cut}
+		"-", "0", "-", "-", "0", "0", "-", "-", cut}
 	if !slices.Equal(rows[1], want) {
 		t.Errorf("row: got %q; want %q", rows[1], want)
 	}

@@ -76,6 +76,7 @@ type upstream struct {
 type proxyConn struct {
 	client, upstream net.Conn  // upstream is set before the pool learns of pc, never changed after
 	owner            *upstream // set by pool.connected, never changed after
+	since            time.Time // set by pool.connected, never changed after
 	// dead is set once pc is counted in dead_connections_closed_total, by
 	// the copy that met the kernel's ETIMEDOUT or by the sweep.
 	dead atomic.Bool
@@ -129,6 +130,11 @@ type poolConfig struct {
 	// which the upstream's connections close (see spread.go); 0 closes
 	// them in one instant at its end.
 	closeSpread time.Duration
+	// rebalance: the period of the rebalancer (see rebalance.go); 0 turns
+	// it off. quiet says whether a connection may close now; nil is
+	// quietMoment.
+	rebalance time.Duration
+	quiet     func(*proxyConn) bool
 }
 
 // pool owns the set of upstreams: it adds and drains them as the endpoint
@@ -167,6 +173,12 @@ func newPool(log *slog.Logger, m *metrics, cfg poolConfig, check checkFunc, sel 
 	p := &pool{log: log, m: m, cfg: cfg, check: check, sel: sel, ctx: ctx, cancel: cancel, upstreams: map[string]*upstream{}}
 	p.spreadCtx, p.stopSpread = context.WithCancel(ctx)
 	p.snap.Store(&snapshot{})
+	if cfg.rebalance > 0 {
+		if p.cfg.quiet == nil {
+			p.cfg.quiet = quietMoment
+		}
+		p.wg.Go(func() { p.rebalanceLoop(p.spreadCtx) })
+	}
 	return p
 }
 
@@ -515,7 +527,7 @@ func (p *pool) connected(u *upstream, pc *proxyConn) bool {
 	if p.applyLocked(u, checkResult{}) {
 		p.publishLocked()
 	}
-	pc.owner = u
+	pc.owner, pc.since = u, time.Now()
 	u.conns[pc] = struct{}{}
 	u.connGauge.Inc()
 	// A connection that reaches an unready upstream while another is ready

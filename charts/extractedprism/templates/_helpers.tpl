@@ -223,6 +223,8 @@ it (extractedprism check, run by the hook). extraEnv comes last.
   value: {{ .Values.livenessThreshold | quote }}
 - name: EP_DRAIN_TIMEOUT
   value: {{ .Values.drainTimeout | quote }}
+- name: EP_REBALANCE_PERIOD
+  value: {{ .Values.rebalancePeriod | quote }}
 - name: EP_UPSTREAM_SELECTION
   value: {{ .Values.upstreamSelection | quote }}
 - name: EP_HEALTH_CHECK

@@ -1,0 +1,193 @@
+package main
+
+// Beyond the spec: long-lived connections find their way back after a
+// recovery. A kubelet's, kube-proxy's or CNI agent's HTTP/2 connection
+// carries its watches for days, so after a failover it stays on the API
+// server it moved to: after a rolling restart of the control plane, the
+// API server restarted last carries almost none of the fleet's watches.
+// Every period (jittered), while the node's long-lived connections are
+// skewed across the upstreams new connections go to, the rebalancer
+// closes one connection of the most loaded upstream at a moment its client
+// has been answered and nothing is in flight; the client reconnects
+// through the balancer and its watches resume from their resource
+// version.
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+const (
+	// defaultRebalancePeriod bounds the closes: at most one per node per
+	// period. A fleet of 5,000 skewed nodes then reconnects about 80
+	// clients a second across its API servers, a fraction of what their
+	// probes cost, and a node with three clients (kubelet, kube-proxy, CNI
+	// agent) is spread again within a few minutes of the last restart.
+	defaultRebalancePeriod = time.Minute
+	// rebalanceSettle: while an upstream new connections go to has been
+	// usable for less than this, nothing moves: one that flaps, or has just
+	// restarted and takes the fleet's reconnects, proves itself first.
+	rebalanceSettle = 2 * time.Minute
+	// rebalanceQuiet: how long a connection's client must have been
+	// answered, with nothing unacknowledged either way, before it closes:
+	// no request is in flight on it then (see answeredFor).
+	rebalanceQuiet = time.Second
+	// rebalanceWait: how long each period waits for such a moment. A
+	// connection that is never quiet is never closed.
+	rebalanceWait = 10 * time.Second
+	rebalancePoll = 100 * time.Millisecond
+)
+
+// quietMoment is the daemon's poolConfig.quiet: pc's client has been
+// answered for rebalanceQuiet and neither socket holds unacknowledged
+// bytes.
+func quietMoment(pc *proxyConn) bool {
+	return answeredFor(pc.client) >= rebalanceQuiet && !queued(pc.client) && !queued(pc.upstream)
+}
+
+// rebalanceLoop is the pool's rebalancing goroutine, started by newPool
+// when cfg.rebalance is set and owned by the pool: its WaitGroup counts
+// it, and shutdown (stopSpread) ends it.
+func (p *pool) rebalanceLoop(ctx context.Context) {
+	t := time.NewTimer(p.rebalanceDelay())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p.rebalanceOnce(ctx)
+		t.Reset(p.rebalanceDelay())
+	}
+}
+
+// longLivedAge is how old a connection must be to count: half a period
+// (without the rebalancer, of the default one). Short requests end long
+// before; the clients' watch connections last for hours. Periods are at
+// least three quarters of one apart, so the client of a connection closed
+// at one has reconnected and counts at the next: a longer age would hide
+// it, and the next period would close another for nothing.
+func (p *pool) longLivedAge() time.Duration {
+	return cmp.Or(p.cfg.rebalance, defaultRebalancePeriod) / 2
+}
+
+// rebalanceDelay is the period, varied by up to a quarter either way so a
+// fleet's nodes do not act together.
+func (p *pool) rebalanceDelay() time.Duration {
+	period := p.cfg.rebalance
+	spread := int64(period / 4)
+	return period - time.Duration(spread) + time.Duration(rand.Int64N(2*spread+1)) //nolint:gosec // spreading needs no unpredictability
+}
+
+// rebalanceOnce closes at most one connection: the oldest long-lived one
+// of the most loaded upstream that is quiet within rebalanceWait, while the
+// skew lasts.
+func (p *pool) rebalanceOnce(ctx context.Context) {
+	deadline := time.Now().Add(rebalanceWait)
+	for {
+		from, conns := p.rebalanceCandidates(time.Now())
+		if from == nil {
+			return
+		}
+		for _, pc := range conns {
+			if p.cfg.quiet(pc) && p.closeToRebalance(from, pc) {
+				return
+			}
+		}
+		if time.Now().Add(rebalancePoll).After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(rebalancePoll):
+		}
+	}
+}
+
+// rebalanceCandidates returns the upstream to take a connection from and
+// its long-lived connections, oldest first, or nil while nothing is to
+// move: fewer than two upstreams take new connections, one of them became
+// usable less than rebalanceSettle ago, a drain or an eviction is under
+// way, or the connections are not skewed.
+func (p *pool) rebalanceCandidates(now time.Time) (*upstream, []*proxyConn) {
+	p.mu.Lock()
+	defer p.unlock()
+	if p.closed {
+		return nil, nil
+	}
+	for _, u := range p.upstreams {
+		if u.draining || u.evicted || u.evict.pending() {
+			return nil, nil
+		}
+	}
+	s := p.snap.Load()
+	if len(s.groups) == 0 {
+		return nil, nil
+	}
+	counts := make([]int, 0, len(s.groups[0]))
+	for _, u := range s.groups[0] {
+		if (u.state != stateHealthy && u.state != stateReady) || now.Sub(u.stateSince) < rebalanceSettle {
+			return nil, nil
+		}
+		counts = append(counts, len(p.longLived(u, now)))
+	}
+	from, ok := skewed(counts)
+	if !ok {
+		return nil, nil
+	}
+	u := s.groups[0][from]
+	conns := p.longLived(u, now)
+	slices.SortFunc(conns, func(a, b *proxyConn) int { return a.since.Compare(b.since) })
+	return u, conns
+}
+
+// skewed returns the index of the most loaded of counts, and whether it
+// holds at least two more than the least loaded: only then does one close
+// leave the two closer, never emptier than one, and never the other way
+// round. Fewer than two counts are never skewed.
+func skewed(counts []int) (most int, ok bool) {
+	if len(counts) < 2 {
+		return 0, false
+	}
+	most = 0
+	least := counts[0]
+	for i, n := range counts {
+		if n > counts[most] {
+			most = i
+		}
+		least = min(least, n)
+	}
+	return most, counts[most] >= least+2
+}
+
+// longLived returns u's connections older than longLivedAge. p.mu must be
+// held.
+func (p *pool) longLived(u *upstream, now time.Time) []*proxyConn {
+	var out []*proxyConn
+	for pc := range u.conns {
+		if now.Sub(pc.since) >= p.longLivedAge() {
+			out = append(out, pc)
+		}
+	}
+	return out
+}
+
+// closeToRebalance closes pc if it is still one of from's connections, and
+// says whether it did.
+func (p *pool) closeToRebalance(from *upstream, pc *proxyConn) bool {
+	p.mu.Lock()
+	defer p.unlock()
+	if _, ok := from.conns[pc]; !ok || p.closed {
+		return false
+	}
+	p.note(from, slog.LevelInfo, "closing a long-lived connection to rebalance", "client", pc.client.RemoteAddr().String(),
+		"age", time.Since(pc.since).Round(time.Second), "connections", len(from.conns))
+	pc.closeFor(connEndRebalance)
+	return true
+}
