@@ -110,6 +110,7 @@ func templateCases(appVersion string) []templateCase {
 					"EP_LIVENESS_INTERVAL":  "5s",
 					"EP_LIVENESS_THRESHOLD": "15s",
 					"EP_DRAIN_TIMEOUT":      "4s",
+					"EP_REBALANCE_PERIOD":   "1m",
 					"EP_UPSTREAM_SELECTION": "random",
 					// readyz with the pod's own token and the cluster CA,
 					// both from the service-account volume.
@@ -529,6 +530,7 @@ func templateCases(appVersion string) []templateCase {
 				"livenessInterval":  "2s",
 				"livenessThreshold": "1m",
 				"drainTimeout":      "0s",
+				"rebalancePeriod":   "0s",
 				"upstreamSelection": "latency",
 				"image":             map[string]any{"registry": "registry.example", "repository": "ep", "tag": "v9.9.9", "pullPolicy": "Always"},
 				"updateStrategy":    map[string]any{"maxUnavailable": "10%"},
@@ -549,6 +551,7 @@ func templateCases(appVersion string) []templateCase {
 					"EP_LIVENESS_INTERVAL":   "2s",
 					"EP_LIVENESS_THRESHOLD":  "1m",
 					"EP_DRAIN_TIMEOUT":       "0s",
+					"EP_REBALANCE_PERIOD":    "0s",
 					"EP_UPSTREAM_SELECTION":  "latency",
 					"EP_HANDOVER_SOCKET":     "/run/ep/" + releaseName + ".sock",
 				} {
@@ -963,6 +966,7 @@ func TestTemplateDurationsAsTheDaemonReadsThem(t *testing.T) {
 		{"healthTimeout", "health-timeout", func(d time.Duration) bool { return d >= time.Second && d < 20*time.Second }, map[string]any{"healthInterval": "20s"}},
 		{"healthInterval", "health-interval", func(d time.Duration) bool { return d > time.Second }, map[string]any{"healthTimeout": "1s"}},
 		{"drainTimeout", "drain-timeout", func(d time.Duration) bool { return d >= 0 }, nil},
+		{"rebalancePeriod", "rebalance-period", func(d time.Duration) bool { return d == 0 || d >= 10*time.Second }, nil},
 	}
 	for _, c := range contexts {
 		variable := "EP_" + strings.ToUpper(strings.ReplaceAll(c.flag, "-", "_"))
