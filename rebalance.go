@@ -34,8 +34,11 @@ const (
 	rebalanceSettle = 2 * time.Minute
 	// rebalanceQuiet: how long a connection's client must have been
 	// answered, with nothing unacknowledged either way, before it closes:
-	// no request is in flight on it then (see answeredFor).
-	rebalanceQuiet = time.Second
+	// no request is in flight on it then (see answeredFor). Longer than an
+	// HTTP/2 client's reaction and its pause between the requests it has
+	// ready; short enough that a watch with an event every half second
+	// (the e2e workload's) still has quiet moments.
+	rebalanceQuiet = 200 * time.Millisecond
 	// rebalanceWait: how long each period waits for such a moment. A
 	// connection that is never quiet is never closed.
 	rebalanceWait = 10 * time.Second
