@@ -21,6 +21,7 @@ func TestChartSettings(t *testing.T) {
 		HealthInterval    string `json:"healthInterval"`
 		HealthTimeout     string `json:"healthTimeout"`
 		DrainTimeout      string `json:"drainTimeout"`
+		RebalancePeriod   string `json:"rebalancePeriod"`
 		HealthCheck       string `json:"healthCheck"`
 		UpstreamSelection string `json:"upstreamSelection"`
 		Readyz            struct {
@@ -38,7 +39,8 @@ func TestChartSettings(t *testing.T) {
 		}
 		return d
 	}
-	got := Settings{HealthInterval: dur(v.HealthInterval), HealthTimeout: dur(v.HealthTimeout), DrainTimeout: dur(v.DrainTimeout)}
+	got := Settings{HealthInterval: dur(v.HealthInterval), HealthTimeout: dur(v.HealthTimeout), DrainTimeout: dur(v.DrainTimeout),
+		RebalancePeriod: dur(v.RebalancePeriod)}
 	if got != ChartSettings {
 		t.Errorf("values.yaml timing %+v; ChartSettings %+v", got, ChartSettings)
 	}

@@ -70,6 +70,9 @@ type Settings struct {
 	HealthInterval time.Duration
 	HealthTimeout  time.Duration
 	DrainTimeout   time.Duration
+	// RebalancePeriod is --rebalance-period; zero leaves the daemon's
+	// default.
+	RebalancePeriod time.Duration
 }
 
 // DefaultSettings are the settings the assertions are stated for.
@@ -78,7 +81,8 @@ var DefaultSettings = Settings{HealthInterval: 5 * time.Second, HealthTimeout: 2
 // ChartSettings are the chart's default timing (healthInterval,
 // healthTimeout and drainTimeout in charts/extractedprism/values.yaml,
 // which TestChartSettings holds them to).
-var ChartSettings = Settings{HealthInterval: 5 * time.Second, HealthTimeout: 2 * time.Second, DrainTimeout: 4 * time.Second}
+var ChartSettings = Settings{HealthInterval: 5 * time.Second, HealthTimeout: 2 * time.Second, DrainTimeout: 4 * time.Second,
+	RebalancePeriod: time.Minute}
 
 // ErrNotBuilt means the daemon refused the mode at start-up because this
 // build does not implement it yet.
@@ -177,6 +181,9 @@ func (c *Cluster) daemonArgs(cfg DaemonConfig) []string {
 		if cfg.TokenFile != "" {
 			args = append(args, "--health-check-token-file", cfg.TokenFile)
 		}
+	}
+	if cfg.Settings.RebalancePeriod != 0 {
+		args = append(args, "--rebalance-period", cfg.Settings.RebalancePeriod.String())
 	}
 	if cfg.Handover != "" {
 		args = append(args, "--handover-socket", cfg.Handover)

@@ -71,6 +71,7 @@ func DefaultRows() []Row {
 		{"lb-restart", readyzRandom},
 		{"lb-upgrade", tcpRandom},
 		{"lb-upgrade", readyzRandom},
+		{"rebalance", chartDefaults},
 	}
 }
 
@@ -203,8 +204,9 @@ type rowRun struct {
 	fault     time.Time // zero: no fault
 	lateAfter time.Time // short-request failures after this are late
 
-	nodeCertExpiry time.Time // Mode.Node: when the first node certificate expires
-	handover       string    // the daemon's --handover-socket, if any
+	nodeCertExpiry  time.Time     // Mode.Node: when the first node certificate expires
+	rebalancePeriod time.Duration // the scenario's, if any
+	handover        string        // the daemon's --handover-socket, if any
 }
 
 func (rr *rowRun) logf(format string, args ...any) {
@@ -227,12 +229,17 @@ func (rr *rowRun) asserts(what string) {
 	rr.res.Asserted = append(rr.res.Asserted, what)
 }
 
-// settings is the row's timing: the chart's for its mode, else the suite's.
+// settings is the row's timing: the chart's for its mode, else the suite's,
+// with the scenario's rebalance period.
 func (rr *rowRun) settings() Settings {
+	s := rr.r.Settings
 	if rr.row.Mode.Chart {
-		return ChartSettings
+		s = ChartSettings
 	}
-	return rr.r.Settings
+	if rr.rebalancePeriod != 0 {
+		s.RebalancePeriod = rr.rebalancePeriod
+	}
+	return s
 }
 
 // scenario is one kind of row.
@@ -247,6 +254,8 @@ type scenario struct {
 	activated bool
 	// handover gives the daemon a --handover-socket (lbscenarios.go).
 	handover bool
+	// rebalancePeriod, when not zero, is the daemon's --rebalance-period.
+	rebalancePeriod time.Duration
 	// act injects the fault and observes; it sets rr.fault and
 	// rr.lateAfter. Its error means the row could not run.
 	act func(rr *rowRun) error
@@ -267,6 +276,7 @@ func threeEndpoints() []string {
 func (rr *rowRun) run(sc scenario) error {
 	ctx, cancel := context.WithTimeout(rr.ctx, 10*time.Minute)
 	defer cancel()
+	rr.rebalancePeriod = sc.rebalancePeriod
 	rctx, rcancel := context.WithTimeout(ctx, 4*time.Minute)
 	err := rr.r.C.Restore(rctx)
 	rcancel()

@@ -46,6 +46,7 @@ var scenarios = map[string]scenario{
 	"forbidden":  {act: actForbidden, check: checkForbidden},
 	"lb-restart": {act: actLBRestart, check: checkLBRestart, activated: true},
 	"lb-upgrade": {act: actLBUpgrade, check: checkLBRestart, handover: true},
+	"rebalance":  {act: actRebalance, check: checkRebalance, rebalancePeriod: rebalanceRowPeriod},
 }
 
 // ScenarioDescriptions explain each scenario for the report.
@@ -75,6 +76,10 @@ var ScenarioDescriptions = map[string]string{
 	"lb-upgrade": "The daemon runs with --handover-socket; a second instance is started beside it, as a " +
 		"DaemonSet rolling with maxSurge 1 does, takes its listening sockets over, and the first then gets " +
 		"SIGTERM and closes its connections spread over 10 s.",
+	"rebalance": "SIGKILL to the API server that watcher 0 is connected to; once the daemon excluded it, it is " +
+		"restarted. With --rebalance-period 10s, the long-lived connections (three watchers, the writer's and " +
+		"discovery's) that moved to the two survivors must be spread over all three again, not within the " +
+		"daemon's 2 min settle time, with nothing failing after the restore.",
 	"forbidden": "The RoleBinding of deploy/node-discovery-rbac.yaml is deleted and the daemon restarted with only " +
 		"cp1 static and the endpoint cache of its first run; the API servers refuse its discovery with 403. After 15 s " +
 		"the RoleBinding returns.",

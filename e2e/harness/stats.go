@@ -46,7 +46,10 @@ type WatchStats struct {
 	// MaxGap is the longest a successfully written object waited before
 	// the watcher received it (or the scenario ended): the time the
 	// watcher went without events while the writer was succeeding.
-	MaxGap     time.Duration
+	MaxGap time.Duration
+	// LateGap is MaxGap over the writes done after the scenario's
+	// lateAfter (zero without one).
+	LateGap    time.Duration
 	Missing    int // successful writes never received
 	Reconnects int
 	Relists    int
@@ -108,28 +111,50 @@ func (w *Workload) Measure(fault, lateAfter, end time.Time) Measure {
 	}
 
 	for _, wt := range w.watchers {
-		ws := WatchStats{ID: wt.ID, Upstream: wt.Upstream}
-		wt.mu.Lock()
-		ws.Reconnects, ws.Relists = wt.reconnects, max(wt.relists-1, 0) // the first list is not a relist
-		for _, wr := range ok {
-			seen, got := wt.seen[wr.Name]
-			if !got {
-				ws.Missing++
-				seen = end
-			}
-			gap := max(seen.Sub(wr.Done), 0)
-			ws.MaxGap = max(ws.MaxGap, gap)
-			if !fault.IsZero() && wr.Done.After(fault) && gap > lateDelivery {
-				lastBad = maxTime(lastBad, seen)
-			}
-		}
-		wt.mu.Unlock()
+		ws, bad := wt.stats(ok, fault, lateAfter, end)
+		lastBad = maxTime(lastBad, bad)
 		m.Watchers = append(m.Watchers, ws)
 	}
 	if !fault.IsZero() {
 		m.Recovery = lastBad.Sub(fault)
 	}
 	return m
+}
+
+// stats measures what wt received of the successful writes ok, and
+// returns the end of its last delivery more than lateDelivery late after
+// the fault (zero if none).
+func (wt *Watcher) stats(ok []WriteResult, fault, lateAfter, end time.Time) (WatchStats, time.Time) {
+	ws := WatchStats{ID: wt.ID, Upstream: wt.Upstream}
+	var lastBad time.Time
+	wt.mu.Lock()
+	defer wt.mu.Unlock()
+	ws.Reconnects, ws.Relists = wt.reconnects, max(wt.relists-1, 0) // the first list is not a relist
+	for _, wr := range ok {
+		seen, got := wt.seen[wr.Name]
+		if !got {
+			ws.Missing++
+			seen = end
+		}
+		gap := max(seen.Sub(wr.Done), 0)
+		ws.MaxGap = max(ws.MaxGap, gap)
+		if !lateAfter.IsZero() && wr.Done.After(lateAfter) {
+			ws.LateGap = max(ws.LateGap, gap)
+		}
+		if !fault.IsZero() && wr.Done.After(fault) && gap > lateDelivery {
+			lastBad = maxTime(lastBad, seen)
+		}
+	}
+	return ws, lastBad
+}
+
+// LateGap is the longest late gap over all watchers.
+func (m Measure) LateGap() time.Duration {
+	var g time.Duration
+	for _, w := range m.Watchers {
+		g = max(g, w.LateGap)
+	}
+	return g
 }
 
 // MaxGap is the longest gap over all watchers.

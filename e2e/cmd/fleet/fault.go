@@ -109,51 +109,76 @@ func (r *relay) close() {
 	close(r.done)
 }
 
+// apiServer is one of the fault cases' API servers, with what it takes to
+// start it again after a kill.
+type apiServer struct {
+	addr, log string
+	argv      []string
+	p         *proc.Process
+}
+
+// start runs s (again) and waits until it is ready.
+func (s *apiServer) start(ctx context.Context, tlsCfg *tls.Config) error {
+	p, err := proc.Start("kube-apiserver", s.log, s.argv, nil)
+	if err != nil {
+		return err
+	}
+	s.p = p
+	var d net.Dialer
+	if err := controlplane.WaitReady(ctx, d.DialContext, tlsCfg, s.addr, p.Done()); err != nil {
+		return fmt.Errorf("%s: %w\n%s", s.addr, err, p.Tail(2000))
+	}
+	return nil
+}
+
 // startAPIServers starts faultAPIServers more API servers on one port of
 // 192.0.2.11 and up, on l's etcd; the last one's etcd goes through a relay.
-func startAPIServers(ctx context.Context, l *controlplane.Local) (addrs []string, ps []*proc.Process, rl *relay, err error) {
+func startAPIServers(ctx context.Context, l *controlplane.Local) (servers []*apiServer, rl *relay, err error) {
 	b, err := controlplane.DefaultBinaries()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	port, err := freePort()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	if rl, err = startRelay(strings.TrimPrefix(l.EtcdURL, "http://")); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	tlsCfg, err := controlplane.ClientTLS(l.CA, l.Admin, "")
 	if err != nil {
-		return nil, nil, rl, err
+		return nil, rl, err
 	}
 	for i := range faultAPIServers {
 		ip := "192.0.2." + strconv.Itoa(11+i)
 		serving, err := l.CA.APIServer("fleet-api-"+strconv.Itoa(i), ip)
 		if err != nil {
-			return addrs, ps, rl, err
+			return servers, rl, err
 		}
 		etcd := l.EtcdURL
 		if i == faultAPIServers-1 {
 			etcd = "http://" + rl.ln.Addr().String()
 		}
-		p, err := proc.Start("kube-apiserver", filepath.Join(l.Dir, "apiserver-"+ip+".log"), controlplane.APIServerArgs(b.APIServer, controlplane.APIServerConfig{
-			Address: ip, Port: port, EtcdServers: []string{etcd},
-			Certs:   controlplane.Certs{CA: l.CA.CertFile(), Serving: serving, SA: l.SA},
-			CertDir: filepath.Join(l.Dir, "certs-"+ip), EndpointReconciler: "none",
-		}), nil)
-		if err != nil {
-			return addrs, ps, rl, err
-		}
-		ps = append(ps, p)
-		addr := net.JoinHostPort(ip, strconv.Itoa(port))
-		addrs = append(addrs, addr)
-		var d net.Dialer
-		if err := controlplane.WaitReady(ctx, d.DialContext, tlsCfg, addr, p.Done()); err != nil {
-			return addrs, ps, rl, fmt.Errorf("%s: %w\n%s", addr, err, p.Tail(2000))
+		s := &apiServer{addr: net.JoinHostPort(ip, strconv.Itoa(port)), log: filepath.Join(l.Dir, "apiserver-"+ip+".log"),
+			argv: controlplane.APIServerArgs(b.APIServer, controlplane.APIServerConfig{
+				Address: ip, Port: port, EtcdServers: []string{etcd},
+				Certs:   controlplane.Certs{CA: l.CA.CertFile(), Serving: serving, SA: l.SA},
+				CertDir: filepath.Join(l.Dir, "certs-"+ip), EndpointReconciler: "none",
+			})}
+		servers = append(servers, s)
+		if err := s.start(ctx, tlsCfg); err != nil {
+			return servers, rl, err
 		}
 	}
-	return addrs, ps, rl, nil
+	return servers, rl, nil
+}
+
+func addrsOf(servers []*apiServer) []string {
+	var addrs []string
+	for _, s := range servers {
+		addrs = append(addrs, s.addr)
+	}
+	return addrs
 }
 
 func freePort() (int, error) {
@@ -228,78 +253,111 @@ func watcher(ctx context.Context, addr string, cfg *tls.Config, d *dials) {
 	}
 }
 
-// measureFault runs one fleet of binary through one fault.
-func measureFault(ctx context.Context, o options, name, binary string) (faultFigures, error) {
-	f := faultFigures{name: name, fault: o.fault}
+// faultEnv is a running fault case: the control plane, its API servers
+// and the fleet of daemons in front of them.
+type faultEnv struct {
+	l       *controlplane.Local
+	cs      kubernetes.Interface
+	servers []*apiServer
+	rl      *relay
+}
+
+// withFaultFleet starts a control plane with faultAPIServers API servers
+// and o.nodes daemons of binary, with extra arguments, runs fn and stops it
+// all.
+func withFaultFleet(ctx context.Context, o options, binary string, extra []string, fn func(env faultEnv) error) error {
 	l, err := controlplane.StartLocal(ctx, localOptions(o))
 	if err != nil {
-		return f, err
+		return err
 	}
 	defer l.Stop()
-	addrs, servers, rl, err := startAPIServers(ctx, l)
+	servers, rl, err := startAPIServers(ctx, l)
 	defer func() {
-		for _, p := range servers {
-			_ = p.Stop(10 * time.Second)
+		for _, s := range servers {
+			if s.p != nil {
+				_ = s.p.Stop(10 * time.Second)
+			}
 		}
 		if rl != nil {
 			rl.close()
 		}
 	}()
 	if err != nil {
-		return f, err
+		return err
 	}
 	cs, err := kubernetes.NewForConfig(l.RESTConfig())
 	if err != nil {
-		return f, err
+		return err
 	}
-	if err := writeSlice(ctx, cs, addrs); err != nil {
-		return f, err
+	if err := writeSlice(ctx, cs, addrsOf(servers)); err != nil {
+		return err
 	}
 	client, err := l.CA.Client("node", "system:node:fleet", "system:nodes")
 	if err != nil {
-		return f, err
+		return err
 	}
-	daemons, err := startFaultFleet(o, binary, l, addrs, client)
+	daemons, err := startFaultFleet(o, binary, l, addrsOf(servers), client, extra)
 	defer stopFleet(daemons)
 	if err != nil {
-		return f, err
+		return err
 	}
 	time.Sleep(2 * o.interval)
-	return runFault(ctx, o, f, l, cs, addrs, rl)
+	return fn(faultEnv{l: l, cs: cs, servers: servers, rl: rl})
+}
+
+// measureFault runs one fleet of binary through one fault.
+func measureFault(ctx context.Context, o options, name, binary string) (faultFigures, error) {
+	f := faultFigures{name: name, fault: o.fault}
+	err := withFaultFleet(ctx, o, binary, nil, func(env faultEnv) error {
+		var err error
+		f, err = runFault(ctx, o, f, env)
+		return err
+	})
+	return f, err
+}
+
+// startWatchers starts o.watchers watchers through each daemon; stop ends
+// them and waits for them.
+func startWatchers(ctx context.Context, o options, l *controlplane.Local, d *dials) (stop func(), err error) {
+	cfg, err := controlplane.ClientTLS(l.CA, l.Admin, "kubernetes.default.svc")
+	if err != nil {
+		return nil, err
+	}
+	cfg.NextProtos = []string{"http/1.1"}
+	wctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range o.nodes {
+		addr := "127.0.0.1:" + strconv.Itoa(20000+2*i)
+		for range o.watchers {
+			wg.Go(func() { watcher(wctx, addr, cfg, d) })
+		}
+	}
+	return func() { cancel(); wg.Wait() }, nil
 }
 
 // runFault starts the watchers, lets them settle, injects the fault and
 // records the reconnects.
-func runFault(ctx context.Context, o options, f faultFigures, l *controlplane.Local, cs kubernetes.Interface, addrs []string, rl *relay) (faultFigures, error) {
-	cfg, err := controlplane.ClientTLS(l.CA, l.Admin, "kubernetes.default.svc")
+func runFault(ctx context.Context, o options, f faultFigures, env faultEnv) (faultFigures, error) {
+	var d dials
+	stop, err := startWatchers(ctx, o, env.l, &d)
 	if err != nil {
 		return f, err
-	}
-	cfg.NextProtos = []string{"http/1.1"}
-	wctx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	var d dials
-	for i := range o.nodes {
-		addr := "127.0.0.1:" + strconv.Itoa(20000+2*i)
-		for range o.watchers {
-			wg.Go(func() { watcher(wctx, addr, cfg, &d) })
-		}
 	}
 	time.Sleep(5 * time.Second)
 	faultAt := time.Now()
 	switch o.fault {
 	case "removal":
-		err = writeSlice(ctx, cs, addrs[:len(addrs)-1])
+		addrs := addrsOf(env.servers)
+		err = writeSlice(ctx, env.cs, addrs[:len(addrs)-1])
 	case "quorum":
-		rl.holed.Store(true)
+		env.rl.holed.Store(true)
 	default:
-		err = fmt.Errorf("-fault: %q is neither removal nor quorum", o.fault)
+		err = fmt.Errorf("-fault: %q is neither removal, quorum nor restore", o.fault)
 	}
 	if err == nil {
 		time.Sleep(o.drain + 4*o.interval + 5*time.Second)
 	}
 	stop()
-	wg.Wait()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	f.failed = d.failed
@@ -327,11 +385,11 @@ func fillMoves(f *faultFigures, at []time.Time, faultAt time.Time) {
 	}
 }
 
-func startFaultFleet(o options, binary string, l *controlplane.Local, addrs []string, client pki.Pair) ([]*proc.Process, error) {
+func startFaultFleet(o options, binary string, l *controlplane.Local, addrs []string, client pki.Pair, extra []string) ([]*proc.Process, error) {
 	var ps []*proc.Process
 	for i := range o.nodes {
 		port := 20000 + 2*i
-		p, err := proc.Start("extractedprism", filepath.Join(l.Dir, "daemon-"+strconv.Itoa(i)+".log"), []string{binary,
+		p, err := proc.Start("extractedprism", filepath.Join(l.Dir, "daemon-"+strconv.Itoa(i)+".log"), append([]string{binary,
 			// One static seed, as a kubeadm node has its control-plane
 			// endpoint: the static list is merged with the discovered
 			// one, so a static entry would never be removed.
@@ -341,7 +399,7 @@ func startFaultFleet(o options, binary string, l *controlplane.Local, addrs []st
 			"--health-check-cert-file", client.Cert, "--health-check-key-file", client.Key,
 			"--health-interval", o.interval.String(), "--health-timeout", (o.interval / 2).String(),
 			"--drain-timeout", o.drain.String(), "--log-level", "info",
-		}, nil)
+		}, extra...), nil)
 		if err != nil {
 			return ps, err
 		}

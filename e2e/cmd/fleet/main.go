@@ -46,9 +46,12 @@ type options struct {
 	profile            string     // a directory for the API server's CPU profiles, or ""
 	kinds              string     // probe kinds to measure instead of daemons
 	rate               int        // probes per second of each kind
-	fault              string     // removal or quorum: measure the moves after it instead
+	fault              string     // removal, quorum or restore: measure the moves after it instead
 	watchers           int        // long-lived connections per daemon, with -fault
 	drain              time.Duration
+	periods            string // with -fault restore: the --rebalance-period values to compare
+	observe            time.Duration
+	observeStep        time.Duration
 }
 
 // result is one daemon binary's figures.
@@ -74,14 +77,21 @@ func main() {
 	flag.StringVar(&o.profile, "profile", "", "write the API server's CPU profile over each measured window to DIR/<name>.pprof")
 	flag.StringVar(&o.kinds, "kinds", "", "measure these probe kinds (connect,full,resume,kept,kept-only,full-anon,kept-anon) instead of daemons")
 	flag.IntVar(&o.rate, "rate", 100, "probes per second of each kind, with -kinds")
-	flag.StringVar(&o.fault, "fault", "", "removal or quorum: the fault of one of 3 API servers to measure the fleet's reconnects after")
+	flag.StringVar(&o.fault, "fault", "", "removal, quorum or restore: the fault of one of 3 API servers to measure the fleet's reconnects after")
 	flag.IntVar(&o.watchers, "watchers", 6, "long-lived connections (watches) per daemon, with -fault")
 	flag.DurationVar(&o.drain, "drain-timeout", 5*time.Second, "the daemons' --drain-timeout, with -fault")
+	flag.StringVar(&o.periods, "rebalance-periods", "0,1m", "with -fault restore: the daemons' --rebalance-period values to compare, comma-separated")
+	flag.DurationVar(&o.observe, "observe", 8*time.Minute, "with -fault restore: how long to follow the restored API server's share")
+	flag.DurationVar(&o.observeStep, "observe-step", 30*time.Second, "with -fault restore: how often to count it")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if o.fault != "" {
-		if err := runFaults(ctx, o); err != nil {
+		run := runFaults
+		if o.fault == "restore" {
+			run = runRestores
+		}
+		if err := run(ctx, o); err != nil {
 			fmt.Fprintln(os.Stderr, "fleet:", err)
 			os.Exit(1)
 		}
