@@ -71,10 +71,10 @@ if [ "$left" -lt 600 ]; then
 	echo "e2e: only ${left}s left of the ${budget}s budget after the build; not enough to run the scenarios" >&2
 	exit 1
 fi
-# The whole table takes about 19 minutes here (18 rows). After a first
+# The whole table takes about 25 minutes here (30 rows). After a first
 # build that ate most of the budget, run one row per scenario plus the
 # readyz rows of the faults the issue states bounds for.
-if [ "$left" -lt "${EP_E2E_FULL_SECONDS:-1500}" ] && [ -z "${EP_E2E_ROWS:-}" ]; then
+if [ "$left" -lt "${EP_E2E_FULL_SECONDS:-1800}" ] && [ -z "${EP_E2E_ROWS:-}" ]; then
 	export EP_E2E_ROWS=steady/tcp-random,compaction/tcp-random,membership/tcp-random,kill/tcp-random,kill/readyz-random,blackhole/tcp-random,blackhole/readyz-random,quorum/tcp-random,quorum/readyz-random-cert,restart/tcp-random
 	echo "e2e: ${left}s left after the build; running the core rows only: $EP_E2E_ROWS"
 fi

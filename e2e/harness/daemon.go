@@ -444,26 +444,40 @@ type upstreamState struct {
 	fromCache bool // listed by the endpoint cache
 }
 
+// upstreamJSON is what the tests read of one upstream in /upstreams.
+type upstreamJSON struct {
+	Address     string   `json:"address"`
+	Sources     []string `json:"sources"`
+	Draining    bool     `json:"draining"`
+	Connections int      `json:"connections"`
+	LongLived   int      `json:"long_lived_connections"`
+}
+
+// upstreams reads the daemon's /upstreams.
+func (d *Daemon) upstreams() ([]upstreamJSON, error) {
+	code, body, err := d.Get("/upstreams")
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("/upstreams: status %d", code)
+	}
+	var doc struct {
+		Upstreams []upstreamJSON `json:"upstreams"`
+	}
+	if err := json.Unmarshal([]byte(body), &doc); err != nil {
+		return nil, fmt.Errorf("/upstreams: %w", err)
+	}
+	return doc.Upstreams, nil
+}
+
 // upstream reads addr's state from the daemon's /upstreams.
 func (d *Daemon) upstream(addr string) (upstreamState, error) {
-	code, body, err := d.Get("/upstreams")
+	us, err := d.upstreams()
 	if err != nil {
 		return upstreamState{}, err
 	}
-	if code != http.StatusOK {
-		return upstreamState{}, fmt.Errorf("/upstreams: status %d", code)
-	}
-	var doc struct {
-		Upstreams []struct {
-			Address  string   `json:"address"`
-			Sources  []string `json:"sources"`
-			Draining bool     `json:"draining"`
-		} `json:"upstreams"`
-	}
-	if err := json.Unmarshal([]byte(body), &doc); err != nil {
-		return upstreamState{}, fmt.Errorf("/upstreams: %w", err)
-	}
-	for _, u := range doc.Upstreams {
+	for _, u := range us {
 		if u.Address == addr {
 			return upstreamState{known: true, draining: u.Draining, fromKube: slices.Contains(u.Sources, "kubernetes"),
 				fromCache: slices.Contains(u.Sources, "cache")}, nil
@@ -475,25 +489,13 @@ func (d *Daemon) upstream(addr string) (upstreamState, error) {
 // onlyProxiedUpstream returns the one upstream with a proxied connection
 // in the daemon's /upstreams: before the workload starts, discovery's own.
 func (d *Daemon) onlyProxiedUpstream() (string, error) {
-	code, body, err := d.Get("/upstreams")
+	us, err := d.upstreams()
 	if err != nil {
 		return "", err
 	}
-	if code != http.StatusOK {
-		return "", fmt.Errorf("/upstreams: status %d", code)
-	}
-	var doc struct {
-		Upstreams []struct {
-			Address     string `json:"address"`
-			Connections int    `json:"connections"`
-		} `json:"upstreams"`
-	}
-	if err := json.Unmarshal([]byte(body), &doc); err != nil {
-		return "", fmt.Errorf("/upstreams: %w", err)
-	}
 	var with []string
 	addr := ""
-	for _, u := range doc.Upstreams {
+	for _, u := range us {
 		if u.Connections > 0 {
 			with = append(with, fmt.Sprintf("%s: %d", u.Address, u.Connections))
 			if u.Connections == 1 {

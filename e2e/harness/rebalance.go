@@ -2,9 +2,7 @@ package harness
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 )
@@ -179,24 +177,12 @@ func formatCounts(counts map[string]int) string {
 
 // longLived reads each upstream's long_lived_connections from /upstreams.
 func (d *Daemon) longLived() (map[string]int, error) {
-	code, body, err := d.Get("/upstreams")
+	us, err := d.upstreams()
 	if err != nil {
 		return nil, err
 	}
-	if code != http.StatusOK {
-		return nil, fmt.Errorf("/upstreams: status %d", code)
-	}
-	var doc struct {
-		Upstreams []struct {
-			Address   string `json:"address"`
-			LongLived int    `json:"long_lived_connections"`
-		} `json:"upstreams"`
-	}
-	if err := json.Unmarshal([]byte(body), &doc); err != nil {
-		return nil, fmt.Errorf("/upstreams: %w", err)
-	}
 	counts := map[string]int{}
-	for _, u := range doc.Upstreams {
+	for _, u := range us {
 		counts[u.Address] = u.LongLived
 	}
 	return counts, nil
