@@ -106,11 +106,12 @@ func (ss Samples) Value(name string, labels ...string) float64 {
 	return v
 }
 
-// Sum adds the values of every series with this name.
-func (ss Samples) Sum(name string) float64 {
+// Sum adds the values of every series with this name and these labels
+// (label pairs as in Get).
+func (ss Samples) Sum(name string, labels ...string) float64 {
 	var sum float64
 	for _, s := range ss {
-		if s.Name == name {
+		if s.Name == name && s.match(labels) {
 			sum += s.Value
 		}
 	}

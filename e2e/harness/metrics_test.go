@@ -48,6 +48,13 @@ extractedprism_upstreams_total 3
 	if got := s.Sum("missing"); got != 0 {
 		t.Errorf("Sum of a missing metric = %v; want 0", got)
 	}
+	closed := ParseMetrics(`extractedprism_connections_closed_total{reason="rebalance",upstream="192.0.2.11:6443"} 2
+extractedprism_connections_closed_total{reason="drain",upstream="192.0.2.11:6443"} 5
+extractedprism_connections_closed_total{reason="rebalance",upstream="192.0.2.12:6443"} 3
+`)
+	if got := closed.Sum("extractedprism_connections_closed_total", "reason", "rebalance"); got != 5 {
+		t.Errorf("Sum with reason=rebalance = %v; want 5", got)
+	}
 }
 
 func TestHexAddr(t *testing.T) {

@@ -130,13 +130,7 @@ func (rr *rowRun) rebalanceCloses() float64 {
 	if err != nil {
 		return -1
 	}
-	var sum float64
-	for _, smp := range s {
-		if smp.Name == mClosed && smp.Labels["reason"] == "rebalance" {
-			sum += smp.Value
-		}
-	}
-	return sum
+	return s.Sum(mClosed, "reason", "rebalance")
 }
 
 func (rr *rowRun) noteLongLived(when string) {

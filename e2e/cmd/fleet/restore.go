@@ -1,16 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/extractedprism/extractedprism/e2e/controlplane"
+	"github.com/extractedprism/extractedprism/e2e/harness"
 )
 
 // The restore case (-fault restore): the third API server is killed
@@ -159,18 +160,12 @@ func fleetRebalanceCloses(o options) (int, error) {
 		if err != nil {
 			return total, err
 		}
-		s := bufio.NewScanner(resp.Body)
-		for s.Scan() {
-			line := s.Text()
-			if !strings.HasPrefix(line, "extractedprism_connections_closed_total{") || !strings.Contains(line, `reason="rebalance"`) {
-				continue
-			}
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			if err == nil {
-				total += int(v)
-			}
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			resp.Body.Close()
+			return total, fmt.Errorf("daemon %d /metrics: %w", i, err)
 		}
+		total += int(harness.ParseMetrics(string(b)).Sum("extractedprism_connections_closed_total", "reason", "rebalance"))
 		resp.Body.Close()
 	}
 	return total, nil
