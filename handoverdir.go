@@ -63,8 +63,8 @@ func openOwnDir(dir string) (*os.File, *unix.Stat_t, error) {
 		return nil, nil, fmt.Errorf("stat %s: %w", parent, err)
 	}
 	if (st.Uid != 0 && int(st.Uid) != os.Geteuid()) || st.Mode&0o022 != 0 {
-		return nil, nil, fmt.Errorf("parent directory %s is owned by uid %d, mode %04o; want one only root or uid %d can write, "+
-			"else another user can put a link or a directory of theirs in place of %s", parent, st.Uid, st.Mode&0o7777, os.Geteuid(), name)
+		return nil, nil, fmt.Errorf("parent directory %s is owned by uid %d, mode %04o; want one that no user but root and uid %d (this process's) can write, "+
+			"else another can put a link or a directory of theirs in place of %s", parent, st.Uid, st.Mode&0o7777, os.Geteuid(), name)
 	}
 	if err := unix.Mkdirat(pfd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 		return nil, nil, fmt.Errorf("mkdir %s: %w", dir, err)
