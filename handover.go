@@ -21,7 +21,6 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -55,33 +54,6 @@ const (
 	handoverHello = "extractedprism listeners 1\n"
 	handoverAck   = "ok\n"
 )
-
-// ownDir makes dir, the hand-over socket's directory, if missing, and
-// checks that only this process's user can enter it: a directory of that
-// user's is tightened to 0700, any other owner is an error.
-func ownDir(dir string) error {
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("hand-over socket directory: %w", err)
-	}
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return fmt.Errorf("hand-over socket directory: %w", err)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	switch {
-	case !fi.IsDir():
-		return fmt.Errorf("hand-over socket directory %s is not a directory (mode %s); want a directory, not a link to one", dir, fi.Mode())
-	case !ok || int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("hand-over socket directory %s is owned by uid %d (mode %04o); want uid %d, this daemon's user, "+
-			"so that no other user can take the node's listening sockets (extractedprism handover-dir sets it up)",
-			dir, st.Uid, fi.Mode().Perm(), os.Geteuid())
-	case fi.Mode().Perm()&0o077 != 0:
-		if err := os.Chmod(dir, 0o700); err != nil { //nolint:gosec // a directory: 0700 is owner-only
-			return fmt.Errorf("hand-over socket directory: %w", err)
-		}
-	}
-	return nil
-}
 
 // samePeer checks that the process at the other end of c runs as this
 // process's user or as root, and returns its process ID, 0 when it lives in
@@ -298,45 +270,5 @@ func (h *handover) give(c *net.UnixConn) error {
 	h.given.Store(true)
 	h.log.Info("handed the listening sockets to a new instance, which serves them too; SIGTERM now stops this one without refusing a connection",
 		"pid", pid)
-	return nil
-}
-
-// handoverDir is "extractedprism handover-dir": run as root before a daemon
-// that runs as another user, it makes the hand-over socket's directory
-// that user's, mode 0700, as the daemon wants it. A kubelet creates a
-// hostPath directory root's, mode 0755.
-func handoverDir(args []string, stdout io.Writer) error {
-	fl := flag.NewFlagSet("extractedprism handover-dir", flag.ContinueOnError)
-	fl.SetOutput(stdout)
-	uid := fl.Int("uid", -1, "user ID the daemon runs as; required")
-	gid := fl.Int("gid", -1, "group ID the daemon runs as; required")
-	fl.Usage = func() {
-		fmt.Fprintln(stdout, "Usage: extractedprism handover-dir --uid UID --gid GID DIRECTORY")
-		fl.PrintDefaults()
-	}
-	if err := fl.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
-	}
-	if fl.NArg() != 1 || *uid < 0 || *gid < 0 {
-		return errors.New("handover-dir: want --uid, --gid and one directory")
-	}
-	dir := fl.Arg(0)
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-		return fmt.Errorf("handover-dir: %w", err)
-	}
-	if fi, err := os.Lstat(dir); err != nil {
-		return fmt.Errorf("handover-dir: %w", err)
-	} else if !fi.IsDir() {
-		return fmt.Errorf("handover-dir: %s is not a directory (mode %s)", dir, fi.Mode())
-	}
-	// Mode first: root owns a directory the kubelet made, and chmod needs
-	// no capability on one's own.
-	if err := errors.Join(os.Chmod(dir, 0o700), os.Lchown(dir, *uid, *gid)); err != nil { //nolint:gosec // a directory: 0700 is owner-only
-		return fmt.Errorf("handover-dir: %w", err)
-	}
-	fmt.Fprintf(stdout, "extractedprism handover-dir: %s is owned by %d:%d, mode 0700\n", dir, *uid, *gid)
 	return nil
 }

@@ -201,8 +201,8 @@ func connRequests(addr string, requests int, rng *rand.Rand, counted *int) error
 }
 
 // TestOwnDir: the hand-over directory is made 0700, a directory of the
-// daemon's user is tightened, and one of another user's, a symlink or a
-// file is refused with what is wrong.
+// daemon's user is tightened, and one of another user's, a symlink, a
+// file or one in a parent others can write is refused with what is wrong.
 func TestOwnDir(t *testing.T) {
 	base := t.TempDir()
 	fresh := filepath.Join(base, "fresh")
@@ -226,7 +226,12 @@ func TestOwnDir(t *testing.T) {
 	if err := errors.Join(os.WriteFile(file, nil, 0o600), os.Symlink(fresh, link)); err != nil {
 		t.Fatal(err)
 	}
-	wants := map[string]string{file: "file is not a directory (mode -rw-------)", link: "link is not a directory (mode Lrwxrwxrwx)"}
+	wide = filepath.Join(base, "open")
+	if err := errors.Join(os.Mkdir(wide, 0o777), os.Chmod(wide, 0o777)); err != nil {
+		t.Fatal(err)
+	}
+	wants := map[string]string{file: "file is not a directory", link: "link is not a directory",
+		filepath.Join(wide, "run"): "open/ is owned by uid " + strconv.Itoa(os.Geteuid()) + ", mode 0777; want one that no user but root"}
 	if os.Geteuid() == 0 {
 		other := filepath.Join(base, "other")
 		if err := errors.Join(os.Mkdir(other, 0o700), os.Chown(other, 65534, 65534)); err != nil {

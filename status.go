@@ -15,12 +15,14 @@ import (
 	"io/fs"
 	"net"
 	"net/http"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -46,23 +48,28 @@ type upstreamsSummary struct {
 
 // newUpstreamsDoc builds the document of the upstreams st for cfg.
 func newUpstreamsDoc(cfg *config, st []upstreamStatus) upstreamsDoc {
-	doc := upstreamsDoc{Version: versionLine(), HealthCheck: cfg.HealthCheck, UpstreamSelection: cfg.UpstreamSelection,
-		Summary: upstreamsSummary{Total: len(st)}, Upstreams: st}
-	if cfg.HealthCheck == checkReadyz {
-		doc.Summary.Ready = new(0)
+	return upstreamsDoc{Version: versionLine(), HealthCheck: cfg.HealthCheck, UpstreamSelection: cfg.UpstreamSelection,
+		Summary: summarize(st, cfg.HealthCheck == checkReadyz), Upstreams: st}
+}
+
+// summarize counts the upstreams st; ready ones only with readyz.
+func summarize(st []upstreamStatus, readyz bool) upstreamsSummary {
+	sum := upstreamsSummary{Total: len(st)}
+	if readyz {
+		sum.Ready = new(0)
 	}
 	for _, u := range st {
 		if u.Healthy {
-			doc.Summary.Healthy++
+			sum.Healthy++
 		}
 		if u.Healthy && !u.Draining {
-			doc.Summary.Usable++
+			sum.Usable++
 		}
-		if doc.Summary.Ready != nil && u.State == stateReady {
-			*doc.Summary.Ready++
+		if sum.Ready != nil && u.State == stateReady {
+			*sum.Ready++
 		}
 	}
-	return doc
+	return sum
 }
 
 // upstreamStatus is what /upstreams shows of one upstream.
@@ -214,8 +221,11 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err := json.Unmarshal(body, &doc); err != nil {
 		return &exitError{statusUnknown, fmt.Errorf("status: %s/upstreams: %w", addr, err)}
 	}
+	if err := checkDoc(doc); err != nil {
+		return &exitError{statusUnknown, fmt.Errorf("status: %s/upstreams is not the daemon's document: %w", addr, err)}
+	}
 	if asJSON {
-		_, err = stdout.Write(body)
+		_, err = stdout.Write(escapeJSON(body))
 	} else {
 		err = writeStatus(stdout, doc, time.Now())
 	}
@@ -297,15 +307,77 @@ func fetchUpstreams(ctx context.Context, addr string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req) //nolint:gosec // see above
+	// The daemon's own server, asked directly: no proxy from the
+	// environment, and no redirect followed, as the daemon sends none. A
+	// server that redirects is not it, and what answers elsewhere says
+	// nothing of this node.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req) //nolint:gosec // see above
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode/100 == 3 {
+		return nil, fmt.Errorf("%s answered %s, redirected to %q; the daemon redirects nowhere, so this is not it",
+			addr, displayText(resp.Status), displayText(resp.Header.Get("Location")))
+	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s answered %s", addr, resp.Status)
+		return nil, fmt.Errorf("%s answered %s", addr, displayText(resp.Status))
 	}
 	return io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+}
+
+// checkDoc returns what is wrong with doc as a daemon's /upstreams: a
+// version, a health check the daemon knows, the list of upstreams, each in
+// a state it knows, and the summary that counts them. Without it, a
+// server that answers {} or null, not the daemon, read as a node cut off
+// from the API (exit 2) instead of a daemon that could not be asked (3).
+func checkDoc(doc upstreamsDoc) error {
+	switch {
+	case doc.Version == "":
+		return errors.New("no version")
+	case doc.HealthCheck != checkTCP && doc.HealthCheck != checkReadyz:
+		return fmt.Errorf("health_check %q; want %s or %s", displayText(doc.HealthCheck), checkTCP, checkReadyz)
+	case doc.Upstreams == nil:
+		return errors.New("no upstreams list")
+	}
+	for _, u := range doc.Upstreams {
+		if !slices.Contains([]string{stateDraining, stateUnhealthy, statePending, stateNotReady, stateReady, stateHealthy}, u.State) {
+			return fmt.Errorf("upstream %q in the unknown state %q", displayText(u.Address), displayText(u.State))
+		}
+	}
+	if want := summarize(doc.Upstreams, doc.HealthCheck == checkReadyz); !reflect.DeepEqual(doc.Summary, want) {
+		return fmt.Errorf("the summary does not count the %d upstreams listed", len(doc.Upstreams))
+	}
+	return nil
+}
+
+// escapeJSON returns body, a valid JSON document, with every character a
+// terminal could act on written as a \u escape: a document the same to a
+// JSON reader, safe to print. encoding/json escapes C0 controls but passes
+// C1 ones (U+009B, a terminal's CSI), bidirectional overrides and invalid
+// UTF-8 through. Valid JSON holds these only inside strings, but for the
+// whitespace \r, which becomes a space.
+func escapeJSON(body []byte) []byte {
+	out := make([]byte, 0, len(body))
+	for len(body) > 0 {
+		r, n := utf8.DecodeRune(body)
+		switch {
+		case r == '\r':
+			out = append(out, ' ')
+		case r == utf8.RuneError && n == 1:
+			out = append(out, `\ufffd`...)
+		case r == '\n' || r == '\t' || unicode.IsPrint(r):
+			out = append(out, body[:n]...)
+		default:
+			for _, u := range utf16.Encode([]rune{r}) {
+				out = fmt.Appendf(out, `\u%04x`, u)
+			}
+		}
+		body = body[n:]
+	}
+	return out
 }
 
 // verdict returns nil when every upstream is in its good state, else the

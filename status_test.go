@@ -117,7 +117,7 @@ func docJSON(t *testing.T, doc upstreamsDoc) string {
 // neither send escapes nor forge rows.
 func TestStatusCleansHostileDocument(t *testing.T) {
 	longError := "boom\r\nfake row\tinjected" + strings.Repeat("x", 2*maxErrorText)
-	doc := docJSON(t, upstreamsDoc{Version: "v\x1b[2J", HealthCheck: "tcp\n", Summary: upstreamsSummary{Total: 1, Usable: 1, Healthy: 1},
+	doc := docJSON(t, upstreamsDoc{Version: "v\x1b[2J", HealthCheck: "tcp", Summary: upstreamsSummary{Total: 1, Usable: 1, Healthy: 1},
 		Upstreams: []upstreamStatus{{
 			Address: "10.0.0.1:6443\x1b]0;owned\x07", Sources: []string{"static\n10.6.6.6:6443", "kube\u202ernetes"},
 			State: stateHealthy, Healthy: true, LastError: longError,
@@ -145,9 +145,11 @@ func TestStatusCleansHostileDocument(t *testing.T) {
 	}
 }
 
-// --json prints the daemon's document as it came, for a script to read.
+// --json prints the daemon's document as it came, for a script to read,
+// with the fields a later version added.
 func TestStatusJSONPassesDocumentThrough(t *testing.T) {
-	doc := `{"summary":{"usable":1},"upstreams":[{"address":"10.0.0.1:6443","state":"healthy","added_in_a_later_version":{"x":1}}]}` + "\n"
+	doc := `{"version":"v","health_check":"tcp","summary":{"total":1,"usable":1,"healthy":1},` +
+		`"upstreams":[{"address":"10.0.0.1:6443","state":"healthy","healthy":true,"added_in_a_later_version":{"x":1}}]}` + "\n"
 	out, err := runSub("status", []string{"--json", "--health-address", serveUpstreams(t, http.StatusOK, doc)}, nil)
 	if err != nil || out != doc {
 		t.Errorf("status --json: got %q, %v; want %q, nil", out, err, doc)
@@ -158,11 +160,15 @@ func TestStatusJSONPassesDocumentThrough(t *testing.T) {
 // one is not but another is usable, 2 when none is usable, 3 when the
 // daemon cannot be asked; --json exits the same way.
 func TestStatusExitCodes(t *testing.T) {
-	up := func(state string, usable bool) upstreamStatus {
-		return upstreamStatus{Address: "10.0.0.1:6443", State: state, Healthy: usable}
+	up := func(state string, healthy bool) upstreamStatus {
+		return upstreamStatus{Address: "10.0.0.1:6443", State: state, Healthy: healthy, Draining: state == stateDraining}
 	}
 	doc := func(usable int, states ...upstreamStatus) string {
-		return docJSON(t, upstreamsDoc{Summary: upstreamsSummary{Total: len(states), Usable: usable}, Upstreams: states})
+		d := newUpstreamsDoc(&config{HealthCheck: checkTCP}, append([]upstreamStatus{}, states...))
+		if d.Summary.Usable != usable {
+			t.Fatalf("%d usable of %v; want %d", d.Summary.Usable, states, usable)
+		}
+		return docJSON(t, d)
 	}
 	for _, tt := range []struct {
 		name, addr string
@@ -231,7 +237,7 @@ func TestStatusDefaultAddress(t *testing.T) {
 		}
 	}
 	// And status uses it, from the environment.
-	host, port, _ := net.SplitHostPort(serveUpstreams(t, http.StatusOK, docJSON(t, upstreamsDoc{})))
+	host, port, _ := net.SplitHostPort(serveUpstreams(t, http.StatusOK, docJSON(t, newUpstreamsDoc(&config{HealthCheck: checkTCP}, []upstreamStatus{}))))
 	out, err := runSub("status", []string{"--env-file", ""}, map[string]string{"EP_BIND_ADDRESS": host, "EP_HEALTH_PORT": port})
 	if exitCode(err) != statusNone || len(tableCells(t, out)) != 1 {
 		t.Errorf("status with the address from the environment: got %q, %v; want the header alone, exit %d", out, err, statusNone)
@@ -242,7 +248,7 @@ func TestStatusDefaultAddress(t *testing.T) {
 // tells status where the daemon listens; the environment wins over it, and
 // --health-address over both.
 func TestStatusReadsEnvironmentFile(t *testing.T) {
-	host, port, _ := net.SplitHostPort(serveUpstreams(t, http.StatusOK, docJSON(t, upstreamsDoc{})))
+	host, port, _ := net.SplitHostPort(serveUpstreams(t, http.StatusOK, docJSON(t, newUpstreamsDoc(&config{HealthCheck: checkTCP}, []upstreamStatus{}))))
 	path := t.TempDir() + "/extractedprism.env"
 	text := "# comment\n; another\nEP_ENDPOINTS=192.0.2.11:6443\nEP_HEALTH_BIND_ADDRESS=\"" + host + "\"\n  EP_HEALTH_PORT = '" + port + "'\nOTHER=1\n"
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {

@@ -25,7 +25,9 @@ import (
 const (
 	serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 	kubeletCertPath   = "/var/lib/kubelet/pki/kubelet-client-current.pem"
-	nobody            = int64(65534)
+	// daemonUID is the chart's UID and GID for the daemon, its own: not
+	// 65534, nobody, whose other processes could take the hand-over.
+	daemonUID = int64(7445)
 )
 
 // withEndpoints returns values with the example endpoints added to the
@@ -300,16 +302,16 @@ func templateCases(appVersion string) []templateCase {
 				if len(vols) != 1 || vols[0].Secret == nil || vols[0].Secret.SecretName != "ep-readyz.client" {
 					t.Fatalf("volumes = %v; want the Secret ep-readyz.client", vols)
 				}
-				// The files are root's; the daemon, UID 65534, must read them.
+				// The files are root's; the daemon, UID 7445, must read them.
 				if mode := vols[0].Secret.DefaultMode; mode == nil || *mode&0o004 == 0 {
-					t.Errorf("defaultMode = %s; want the files readable by UID 65534", show(mode))
+					t.Errorf("defaultMode = %s; want the files readable by UID %d", show(mode), daemonUID)
 				}
 				mounts := ownMounts(c)
 				if len(mounts) != 1 || mounts[0].Name != vols[0].Name || mounts[0].MountPath != dir || !mounts[0].ReadOnly {
 					t.Errorf("mounts = %v; want the Secret read-only at %s", mounts, dir)
 				}
-				if uid := c.SecurityContext.RunAsUser; uid == nil || *uid != nobody {
-					t.Errorf("container runs as %s; want %d: a Secret needs no root", show(uid), nobody)
+				if uid := c.SecurityContext.RunAsUser; uid == nil || *uid != daemonUID {
+					t.Errorf("container runs as %s; want %d: a Secret needs no root", show(uid), daemonUID)
 				}
 			},
 		},
@@ -1220,8 +1222,8 @@ func checkInvariants(t *testing.T, m *manifest) {
 			{"pod", psc.RunAsUser, psc.RunAsGroup, psc.RunAsNonRoot},
 			{"container", csc.RunAsUser, csc.RunAsGroup, csc.RunAsNonRoot},
 		} {
-			if sc.uid == nil || *sc.uid != nobody || sc.gid == nil || *sc.gid != nobody {
-				t.Errorf("%s runs as %s:%s; want %d:%d", sc.where, show(sc.uid), show(sc.gid), nobody, nobody)
+			if sc.uid == nil || *sc.uid != daemonUID || sc.gid == nil || *sc.gid != daemonUID {
+				t.Errorf("%s runs as %s:%s; want %d:%d", sc.where, show(sc.uid), show(sc.gid), daemonUID, daemonUID)
 			}
 			if !boolValue(sc.runAsNonRoot) {
 				t.Errorf("%s runAsNonRoot is not true", sc.where)

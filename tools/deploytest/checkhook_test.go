@@ -202,8 +202,8 @@ func checkHookJob(t *testing.T, m *manifest) {
 		{"check pod", pod.SecurityContext.RunAsUser, pod.SecurityContext.RunAsGroup, pod.SecurityContext.RunAsNonRoot},
 		{"check container", c.SecurityContext.RunAsUser, c.SecurityContext.RunAsGroup, c.SecurityContext.RunAsNonRoot},
 	} {
-		if sc.uid == nil || *sc.uid != nobody || sc.gid == nil || *sc.gid != nobody || !boolValue(sc.runAsNonRoot) {
-			t.Errorf("%s runs as %s:%s (runAsNonRoot %s); want %d:%d, non-root", sc.where, show(sc.uid), show(sc.gid), show(sc.runAsNonRoot), nobody, nobody)
+		if sc.uid == nil || *sc.uid != daemonUID || sc.gid == nil || *sc.gid != daemonUID || !boolValue(sc.runAsNonRoot) {
+			t.Errorf("%s runs as %s:%s (runAsNonRoot %s); want %d:%d, non-root", sc.where, show(sc.uid), show(sc.gid), show(sc.runAsNonRoot), daemonUID, daemonUID)
 		}
 	}
 	csc := c.SecurityContext

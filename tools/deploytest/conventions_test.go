@@ -115,8 +115,8 @@ func TestTemplateConventions(t *testing.T) {
 
 	// Security contexts: the values merged over the chart's, which stay.
 	for where, sc := range map[string]*corev1.PodSecurityContext{"DaemonSet": pod.SecurityContext, "check Job": m.CheckJob.Spec.Template.Spec.SecurityContext} {
-		if !slices.Equal(sc.SupplementalGroups, []int64{65534}) || sc.RunAsUser == nil || *sc.RunAsUser != nobody {
-			t.Errorf("%s pod securityContext = %+v; want supplementalGroups [65534] added to the chart's UID %d", where, sc, nobody)
+		if !slices.Equal(sc.SupplementalGroups, []int64{65534}) || sc.RunAsUser == nil || *sc.RunAsUser != daemonUID {
+			t.Errorf("%s pod securityContext = %+v; want supplementalGroups [65534] added to the chart's UID %d", where, sc, daemonUID)
 		}
 	}
 

@@ -132,8 +132,18 @@ A security context: the chart's (base, a dict) with the user's values
 {{- end -}}
 
 {{/*
-The pod's security context for a UID: 65534, or 0 where the kubelet's key
-must be read.
+The daemon's own UID and GID, 7445 after its port. Not 65534 (nobody),
+which node exporters and many other pods run as: any process of the
+daemon's UID can take its listening sockets through the hand-over socket,
+and write its endpoint cache. 7445 is no distribution's system account
+(below 1000), no common image's user (1000, 1001, 65532, 65534), and a
+login account only on a node with over 6,000 of them.
+*/}}
+{{- define "extractedprism.uid" -}}7445{{- end -}}
+
+{{/*
+The pod's security context for a UID: the daemon's own, or 0 where the
+kubelet's key must be read.
 */}}
 {{- define "extractedprism.podSecurityContext" -}}
 {{- $base := dict "runAsUser" .uid "runAsGroup" .uid "runAsNonRoot" (ne .uid 0) "seccompProfile" (dict "type" "RuntimeDefault") -}}
