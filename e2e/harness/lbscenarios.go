@@ -59,14 +59,16 @@ func checkLBRestart(rr *rowRun, m Measure) {
 
 // --- lb-upgrade
 
-// handoverSocket makes a directory for the daemon's hand-over socket, 0700
-// as the daemon wants it, with a path short enough for a unix socket.
+// handoverSocket names the daemon's hand-over socket, with a path short
+// enough for a unix socket, in a directory the daemon makes 0700 inside one
+// of the row's own: the daemon refuses a directory in a parent that others
+// can write, such as /tmp.
 func (rr *rowRun) handoverSocket() error {
-	dir, err := os.MkdirTemp("", "ep-handover-")
+	parent, err := os.MkdirTemp("", "ep-handover-")
 	if err != nil {
 		return fmt.Errorf("hand-over socket directory: %w", err)
 	}
-	rr.handover = filepath.Join(dir, "handover.sock")
+	rr.handover = filepath.Join(parent, "h", "handover.sock")
 	return nil
 }
 
@@ -74,7 +76,7 @@ func (rr *rowRun) handoverSocket() error {
 // starts beside the running one and takes its listening sockets over; once
 // it serves, the first gets SIGTERM and stops gracefully.
 func actLBUpgrade(rr *rowRun) error {
-	defer os.RemoveAll(filepath.Dir(rr.handover))
+	defer os.RemoveAll(filepath.Dir(filepath.Dir(rr.handover)))
 	old := rr.d
 	static := threeEndpoints()
 	if rr.row.Mode.Node {
