@@ -95,7 +95,7 @@ func platformImage(meta imageMeta, b platformBinary) (v1.Image, error) {
 	cfg.OS, cfg.Architecture = b.os, b.arch
 	cfg.Created = v1.Time{Time: meta.created}
 	cfg.Config = v1.Config{
-		User:         "65534:65534",
+		User:         "7445:7445", // the daemon's own, as in the Containerfile
 		Entrypoint:   []string{"/extractedprism"},
 		ExposedPorts: map[string]struct{}{"7445/tcp": {}, "7446/tcp": {}},
 		Labels:       meta.labels(),

@@ -59,7 +59,7 @@ func TestPlatformImageConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := cfg.Config
-	if cfg.OS != "linux" || cfg.Architecture != "arm64" || c.User != "65534:65534" ||
+	if cfg.OS != "linux" || cfg.Architecture != "arm64" || c.User != "7445:7445" ||
 		len(c.Entrypoint) != 1 || c.Entrypoint[0] != "/extractedprism" || len(c.ExposedPorts) != 2 {
 		t.Errorf("config %+v", cfg)
 	}
