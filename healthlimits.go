@@ -37,15 +37,21 @@ const (
 	// connects costs the kernel a little and the server nothing meanwhile.
 	healthDeferAccept = 5 * time.Second
 	// healthStallAfter is how long a connection may stay inside a request,
-	// or unread, before connCap takes it for a client that does not read
-	// its answers or trickles its request. A probe is answered in
-	// milliseconds; a scrape's page fits in the send buffer.
+	// or unread, before connCap takes it for one that waits on its client.
+	// A probe is answered in milliseconds, a scrape in a few.
 	healthStallAfter = time.Second
+	// healthBlockedAfter is how long a read or write may be under way
+	// before connCap takes it for one waiting on the client: on loopback
+	// one that does not wait takes microseconds, and an answer cut in the
+	// middle of its write by an eviction would be wasted.
+	healthBlockedAfter = 100 * time.Millisecond
 	// healthSendBuffer is each connection's SO_SNDBUF (the kernel doubles
 	// it for its bookkeeping). Autotuned, the send queues of 128 clients
 	// that never read reached 44 MiB, charged to the pod's memory limit;
-	// this holds them to 128 × 32 KiB = 4 MiB, and a /metrics page of
-	// about 10 KiB still goes out in one write.
+	// this holds them to 128 × 8 KiB = 1 MiB. Small also means a client
+	// that pipelines requests and never reads gets few answers, each a
+	// write, before it blocks: the server spends little on it. A reading
+	// client, such as Prometheus taking a 12 KiB page, does not notice.
 	healthSendBuffer = 4 << 10
 )
 
@@ -88,21 +94,21 @@ func dropBodies(h http.Handler) http.Handler {
 // connCap holds the health server to max open connections without ever
 // making its accept loop wait, which would starve the kubelet's probes. At
 // the cap, each new connection closes another, first of:
-//   - stalled: waiting on its client, blocked in a write (it does not read
-//     its answers) or in a read before its first request is whole (it
-//     trickles), or inside a request or unread for over healthStallAfter;
-//     the longest stalled first;
+//   - stalled: waiting on its client, in a write for over
+//     healthBlockedAfter (it does not read its answers) or in a read before
+//     its first request is whole (it trickles), or inside a request or
+//     unread for over healthStallAfter; the longest stalled first;
 //   - idle, the longest idle first;
-//   - busy: inside a request, the longest first.
+//   - busy: inside its second or later request (no probe pipelines), the
+//     longest first.
 //
-// A connection whose first request the server has not read yet, though its
-// client sent it, is never closed: that is a probe waiting for a CPU (it
-// reaches Accept only with its request, see healthDeferAccept). If only
-// such are left, the new connection is closed instead. Closing only
-// connections outside a request let 128 clients that pipeline requests and
-// never read hold every slot for the write timeout, while each newcomer
-// closed the one before it: the kubelet's probe. Its track method is the
-// server's ConnState hook.
+// A connection inside its first request, or accepted with it (see
+// healthDeferAccept) but not yet read, is never closed: that is how a probe
+// looks while it waits for a CPU. If only such are left, the new connection
+// is closed instead. Closing only connections outside a request let 128
+// clients that pipeline requests and never read hold every slot for the
+// write timeout, while each newcomer closed the one before it: the
+// kubelet's probe. Its track method is the server's ConnState hook.
 type connCap struct {
 	max    int
 	closed *prometheus.CounterVec // by reason
@@ -124,7 +130,7 @@ type capSlot struct {
 }
 
 // The order in which connCap closes connections, first to last; it never
-// closes a connection of rankUnread.
+// closes one of rankUnread (unread, or inside its first request).
 const (
 	rankStalled = iota
 	rankIdle
@@ -216,12 +222,12 @@ func (cc *connCap) pickLocked(now time.Time) (net.Conn, string) {
 // now, with the time that orders it within its rank.
 func capRank(c net.Conn, s capSlot, now time.Time) (int, time.Time) {
 	if hc, ok := c.(*healthConn); ok {
-		if since, ok := hc.since(&hc.writing); ok {
+		if since, ok := hc.since(&hc.writing); ok && now.Sub(since) > healthBlockedAfter {
 			return rankStalled, since
 		}
 		// Once a request is read, net/http keeps a read under way to see
 		// the client go: only before the first does a read wait on it.
-		if since, ok := hc.since(&hc.reading); ok && s.state == http.StateNew {
+		if since, ok := hc.since(&hc.reading); ok && now.Sub(since) > healthBlockedAfter && s.state == http.StateNew {
 			return rankStalled, since
 		}
 	}
