@@ -400,69 +400,82 @@ func TestServeHealthSurvivesAcceptErrors(t *testing.T) {
 }
 
 // TestConnCap feeds the cap's ConnState hook the state reports net/http
-// makes, on in-memory connections and a cap of two. net/http reports
-// StateNew on accept, StateActive once a request's headers are read,
-// StateIdle once its reply is out, and StateClosed or StateHijacked at the
-// end, also for a connection the cap closed.
+// makes, on in-memory connections and a cap of two, 10 ms apart unless a
+// step waits. net/http reports StateNew on accept, StateActive once a
+// request's headers are read, StateIdle once its reply is out, and
+// StateClosed or StateHijacked at the end, also for a connection the cap
+// closed.
 func TestConnCap(t *testing.T) {
 	type report struct {
-		conn  string
+		conn  string // "" for a wait past healthStallAfter
 		state http.ConnState
 	}
 	var (
 		aNew, bNew, cNew, dNew, eNew = report{"a", http.StateNew}, report{"b", http.StateNew}, report{"c", http.StateNew}, report{"d", http.StateNew}, report{"e", http.StateNew}
 		aActive, bActive             = report{"a", http.StateActive}, report{"b", http.StateActive}
-		aIdle                        = report{"a", http.StateIdle}
+		aIdle, bIdle                 = report{"a", http.StateIdle}, report{"b", http.StateIdle}
 		aClosed, bClosed, cClosed    = report{"a", http.StateClosed}, report{"b", http.StateClosed}, report{"c", http.StateClosed}
 		bHijacked                    = report{"b", http.StateHijacked}
+		stall                        = report{}
 	)
 	// Every case ends with the cap full: two connections counted.
 	tests := []struct {
-		name                 string
-		reports              []report
-		wantClosed           []string // by the cap, sorted; a name twice if closed twice
-		wantWaiting, wantNew float64  // health_connections_closed_total by reason
+		name                                     string
+		reports                                  []report
+		wantClosed                               []string // by the cap, sorted; a name twice if closed twice
+		wantStalled, wantIdle, wantBusy, wantNew float64  // health_connections_closed_total by reason
 	}{
-		{"below the cap nothing is closed", []report{aNew, bNew}, nil, 0, 0},
-		{"at the cap the longest unread is closed", []report{aNew, bNew, cNew}, []string{"a"}, 1, 0},
-		{"an idle connection waits from when it went idle", []report{aNew, bNew, aActive, aIdle, cNew}, []string{"b"}, 1, 0},
-		{"the longest idle goes before a newer unread one", []report{aNew, aActive, aIdle, bNew, cNew}, []string{"a"}, 1, 0},
-		{"never one inside a request", []report{aNew, aActive, bNew, cNew}, []string{"b"}, 1, 0},
-		{"all inside requests: the new one is closed", []report{aNew, aActive, bNew, bActive, cNew}, []string{"c"}, 0, 1},
-		{"a closed or hijacked connection frees its slot", []report{aNew, bNew, aClosed, bHijacked, cNew, dNew}, nil, 0, 0},
-		{"a connection the cap closed stops counting at once", []report{aNew, bNew, cNew, bClosed, dNew}, []string{"a"}, 1, 0},
+		{"below the cap nothing is closed", []report{aNew, bNew}, nil, 0, 0, 0, 0},
+		{"unread ones stay, the new one is closed", []report{aNew, bNew, cNew}, []string{"c"}, 0, 0, 0, 1},
+		{"an idle one goes", []report{aNew, bNew, bActive, bIdle, cNew}, []string{"b"}, 0, 1, 0, 0},
+		{"the longest idle goes first", []report{aNew, aActive, aIdle, bNew, bActive, bIdle, cNew}, []string{"a"}, 0, 1, 0, 0},
+		{"one inside its first request stays", []report{aNew, aActive, bNew, bActive, cNew}, []string{"c"}, 0, 0, 0, 1},
+		{"one inside a later request goes, the longest first",
+			[]report{aNew, aActive, aIdle, aActive, bNew, bActive, bIdle, bActive, cNew}, []string{"a"}, 0, 0, 1, 0},
+		{"one inside a request for over a second goes before an idle one", []report{aNew, aActive, bNew, bActive, bIdle, stall, cNew}, []string{"a"}, 1, 0, 0, 0},
+		{"one unread for over a second goes before an idle one", []report{aNew, stall, bNew, bActive, bIdle, cNew}, []string{"a"}, 1, 0, 0, 0},
+		{"the longest stalled goes first", []report{aNew, aActive, bNew, stall, cNew}, []string{"a"}, 1, 0, 0, 0},
+		{"a closed or hijacked connection frees its slot", []report{aNew, bNew, aClosed, bHijacked, cNew, dNew}, nil, 0, 0, 0, 0},
+		{"a connection the cap closed stops counting at once", []report{aNew, bNew, bActive, bIdle, cNew, bClosed, dNew}, []string{"b", "d"}, 0, 1, 0, 1},
 		// Its serving goroutine may have read part of a request when the
 		// cap closed it, and reports StateActive, and an idle one may
 		// report StateIdle, before StateClosed.
 		{"the later reports of a connection the cap closed do not count it again",
-			[]report{aNew, bNew, cNew, aActive, aIdle, bClosed, cClosed, dNew, eNew, aClosed}, []string{"a"}, 1, 0},
+			[]report{aNew, aActive, aIdle, bNew, cNew, aActive, aIdle, bClosed, cClosed, dNew, eNew, aClosed}, []string{"a"}, 0, 1, 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := newMetrics(prometheus.NewRegistry())
-			cc := newConnCap(2, slog.New(slog.DiscardHandler), m)
-			conns := map[string]*closeRecorder{}
-			for _, r := range tt.reports {
-				if conns[r.conn] == nil {
-					conns[r.conn] = newCloseRecorder()
+			synctest.Test(t, func(t *testing.T) {
+				m := newMetrics(prometheus.NewRegistry())
+				cc := newConnCap(2, slog.New(slog.DiscardHandler), m)
+				conns := map[string]*closeRecorder{}
+				for _, r := range tt.reports {
+					if r.conn == "" {
+						time.Sleep(healthStallAfter)
+						continue
+					}
+					time.Sleep(10 * time.Millisecond)
+					if conns[r.conn] == nil {
+						conns[r.conn] = newCloseRecorder()
+					}
+					cc.track(conns[r.conn], r.state)
 				}
-				cc.track(conns[r.conn], r.state)
-			}
-			var closed []string
-			for _, name := range slices.Sorted(maps.Keys(conns)) {
-				for range conns[name].closes.Load() {
-					closed = append(closed, name)
+				var closed []string
+				for _, name := range slices.Sorted(maps.Keys(conns)) {
+					for range conns[name].closes.Load() {
+						closed = append(closed, name)
+					}
 				}
-			}
-			if !slices.Equal(closed, tt.wantClosed) {
-				t.Errorf("closed: got %q; want %q", closed, tt.wantClosed)
-			}
-			wantClosedAtCap(t, m, tt.wantWaiting, tt.wantNew)
-			cc.mu.Lock()
-			defer cc.mu.Unlock()
-			if got := len(cc.members); got != 2 {
-				t.Errorf("connections counted: got %d; want 2", got)
-			}
+				if !slices.Equal(closed, tt.wantClosed) {
+					t.Errorf("closed: got %q; want %q", closed, tt.wantClosed)
+				}
+				wantClosedAtCap(t, m, tt.wantStalled, tt.wantIdle, tt.wantBusy, tt.wantNew)
+				cc.mu.Lock()
+				defer cc.mu.Unlock()
+				if got := len(cc.members); got != 2 {
+					t.Errorf("connections counted: got %d; want 2", got)
+				}
+			})
 		})
 	}
 }
@@ -533,6 +546,8 @@ func TestConnCapClosesItsPickBeforeItsNextReport(t *testing.T) {
 	server, _ := net.Pipe()
 	pick := &slowCloser{Conn: server, closing: make(chan struct{}), release: make(chan struct{})}
 	cc.track(pick, http.StateNew)
+	cc.track(pick, http.StateActive)
+	cc.track(pick, http.StateIdle) // so that the cap may close it
 	var wg sync.WaitGroup
 	wg.Go(func() { cc.track(newCloseRecorder(), http.StateNew) })
 	select {
@@ -601,7 +616,7 @@ func TestHealthServerCapClosesOldestIdle(t *testing.T) {
 				healthMaxConns+1+i, len(conns), code, err, http.StatusOK)
 		}
 	}
-	wantClosedAtCap(t, srv.m, healthMaxConns+1, 0)
+	wantClosedAtCap(t, srv.m, 0, healthMaxConns+1, 0, 0)
 }
 
 // reportState wraps the ConnState hook track, sending the remote address
@@ -618,11 +633,14 @@ func reportState(track func(net.Conn, http.ConnState), want http.ConnState, ch c
 	}
 }
 
-// TestHealthServerCapClosesNewWhenAllInRequests holds every connection the
-// real health server allows inside a handler: a new connection is closed
-// unanswered, none of those inside a request is, and once they end the
-// server answers again.
-func TestHealthServerCapClosesNewWhenAllInRequests(t *testing.T) {
+// TestHealthServerCapClosesStalledRequest holds every connection the real
+// health server allows inside a handler for over healthStallAfter: a new
+// connection is answered, and the one longest inside a request is closed
+// to make room (with a reset, so its client sees it at once); the others
+// are answered once they end. Before issue 44 the new connection was
+// closed, and a probe could not get in while clients that never read held
+// every slot for the write timeout.
+func TestHealthServerCapClosesStalledRequest(t *testing.T) {
 	entered := make(chan struct{}, healthMaxConns)
 	release := make(chan struct{})
 	mux := http.NewServeMux()
@@ -645,40 +663,36 @@ func TestHealthServerCapClosesNewWhenAllInRequests(t *testing.T) {
 		if err := busy[i].send("/block"); err != nil {
 			t.Fatal(err)
 		}
-	}
-	timeout := time.After(5 * time.Second)
-	for i := range busy {
-		select {
+		select { // one at a time, so that the first is the longest inside
 		case <-entered:
-		case <-timeout:
-			t.Fatalf("%d of %d requests reached the handler; want all", i, len(busy))
+		case <-time.After(5 * time.Second):
+			t.Fatalf("request %d never reached the handler", i)
 		}
 	}
+	// The wait is the property under test: inside a request this long, a
+	// connection counts as stalled.
+	time.Sleep(healthStallAfter + 100*time.Millisecond)
 
-	extra := dialKeepAlive(t, srv.addr)
-	if err := extra.send("/healthz"); err != nil {
-		t.Fatal(err)
+	if code, _, _ := do(t, newTestClient(t), http.MethodGet, srv.url+"/healthz"); code != http.StatusOK {
+		t.Errorf("probe with every connection stalled inside a request: got %d; want %d", code, http.StatusOK)
 	}
-	if !extra.closed(time.Now().Add(3 * time.Second)) {
-		t.Error("new connection with every connection inside a request: got it open or answered; want it closed unanswered")
+	if !busy[0].closed(time.Now().Add(3 * time.Second)) {
+		t.Error("connection longest inside a request: got it open; want it closed")
 	}
-	wantClosedAtCap(t, srv.m, 0, 1)
+	wantClosedAtCap(t, srv.m, 1, 0, 0, 0)
 
 	releaseAll()
-	for i, k := range busy {
+	for i, k := range busy[1:] {
 		if code, err := k.response(); err != nil || code != http.StatusOK {
-			t.Errorf("connection %d inside a request, after release: got %d, %v; want %d", i, code, err, http.StatusOK)
+			t.Errorf("connection %d inside a request, after release: got %d, %v; want %d", i+1, code, err, http.StatusOK)
 		}
-	}
-	if code, _, _ := do(t, newTestClient(t), http.MethodGet, srv.url+"/healthz"); code != http.StatusOK {
-		t.Errorf("probe after release: got %d; want %d", code, http.StatusOK)
 	}
 }
 
 // wantClosedAtCap checks health_connections_closed_total in m by reason.
-func wantClosedAtCap(t *testing.T, m *metrics, waiting, newConn float64) {
+func wantClosedAtCap(t *testing.T, m *metrics, stalled, idle, busy, newConn float64) {
 	t.Helper()
-	for reason, want := range map[string]float64{reasonWaiting: waiting, reasonNew: newConn} {
+	for reason, want := range map[string]float64{reasonStalled: stalled, reasonIdle: idle, reasonBusy: busy, reasonNew: newConn} {
 		if got := testutil.ToFloat64(m.healthConnsClosed.WithLabelValues(reason)); got != want {
 			t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
 		}

@@ -5,11 +5,11 @@ package main
 // drops every proxied connection on the node, so a flood of connections to
 // the health port must never delay a probe: connections that send nothing
 // are kept away (TCP_DEFER_ACCEPT), the open ones are capped without the
-// accept loop ever waiting (connCap), a request's body is never waited for
-// (dropBodies), and accept errors are retried (steadyListener).
+// accept loop ever waiting (connCap), each with a small send buffer
+// (healthSendBuffer), a request's body is never waited for (dropBodies),
+// and accept errors are retried (steadyListener).
 
 import (
-	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,6 +36,23 @@ const (
 	// server for about this long (TCP_DEFER_ACCEPT), so a flood of silent
 	// connects costs the kernel a little and the server nothing meanwhile.
 	healthDeferAccept = 5 * time.Second
+	// healthStallAfter is how long a connection may stay inside a request,
+	// or unread, before connCap takes it for one that waits on its client.
+	// A probe is answered in milliseconds, a scrape in a few.
+	healthStallAfter = time.Second
+	// healthBlockedAfter is how long a read or write may be under way
+	// before connCap takes it for one waiting on the client: on loopback
+	// one that does not wait takes microseconds, and an answer cut in the
+	// middle of its write by an eviction would be wasted.
+	healthBlockedAfter = 100 * time.Millisecond
+	// healthSendBuffer is each connection's SO_SNDBUF (the kernel doubles
+	// it for its bookkeeping). Autotuned, the send queues of 128 clients
+	// that never read reached 44 MiB, charged to the pod's memory limit;
+	// this holds them to 128 × 8 KiB = 1 MiB. Small also means a client
+	// that pipelines requests and never reads gets few answers, each a
+	// write, before it blocks: the server spends little on it. A reading
+	// client, such as Prometheus taking a 12 KiB page, does not notice.
+	healthSendBuffer = 4 << 10
 )
 
 // listenHealth opens the health server's listener, with TCP_DEFER_ACCEPT
@@ -75,82 +93,185 @@ func dropBodies(h http.Handler) http.Handler {
 
 // connCap holds the health server to max open connections without ever
 // making its accept loop wait, which would starve the kubelet's probes. At
-// the cap, a new connection closes the one that has waited longest outside
-// a request: idle, or not read from yet. A client hoarding connections
-// loses its own oldest, while a probe, which sends its request at once (it
-// reaches Accept only with data, see healthDeferAccept), is read long before
-// it could be the oldest. If every connection is inside a request, which
-// the read and write timeouts bound, the new one is closed instead. Its
-// track method is the server's ConnState hook.
+// the cap, each new connection closes another, first of:
+//   - stalled: waiting on its client, in a write for over
+//     healthBlockedAfter (it does not read its answers) or in a read before
+//     its first request is whole (it trickles), or inside a request or
+//     unread for over healthStallAfter; the longest stalled first;
+//   - idle, the longest idle first;
+//   - busy: inside its second or later request (no probe pipelines), the
+//     longest first.
+//
+// A connection inside its first request, or accepted with it (see
+// healthDeferAccept) but not yet read, is never closed: that is how a probe
+// looks while it waits for a CPU. If only such are left, the new connection
+// is closed instead. Closing only connections outside a request let 128
+// clients that pipeline requests and never read hold every slot for the
+// write timeout, while each newcomer closed the one before it: the
+// kubelet's probe. Its track method is the server's ConnState hook.
 type connCap struct {
-	max                      int
-	closedWaiting, closedNew prometheus.Counter
-	log                      *slog.Logger
-	warn                     rateLog
+	max    int
+	closed *prometheus.CounterVec // by reason
+	log    *slog.Logger
+	warn   rateLog
 
-	mu sync.Mutex // guards the fields below
-	// members holds every open connection the cap has not closed, with its
-	// element in waiting, or nil while it is inside a request.
-	members map[net.Conn]*list.Element
-	waiting *list.List // of net.Conn, longest waiting first
+	mu sync.Mutex // guards members
+	// members holds every open connection the cap has not closed, with
+	// where net/http last reported it.
+	members map[net.Conn]capSlot
 }
+
+// capSlot is where a connection is: StateNew, StateActive or StateIdle,
+// since when, and how many requests it has begun.
+type capSlot struct {
+	state    http.ConnState
+	since    time.Time
+	requests int
+}
+
+// The order in which connCap closes connections, first to last; it never
+// closes one of rankUnread (unread, or inside its first request).
+const (
+	rankStalled = iota
+	rankIdle
+	rankBusy
+	rankUnread
+)
+
+var rankReasons = [...]string{rankStalled: reasonStalled, rankIdle: reasonIdle, rankBusy: reasonBusy, rankUnread: reasonNew}
 
 func newConnCap(limit int, log *slog.Logger, m *metrics) *connCap {
 	return &connCap{
-		max: limit, log: log, warn: rateLog{every: warnEvery},
-		closedWaiting: m.healthConnsClosed.WithLabelValues(reasonWaiting),
-		closedNew:     m.healthConnsClosed.WithLabelValues(reasonNew),
-		members:       map[net.Conn]*list.Element{}, waiting: list.New(),
+		max: limit, closed: m.healthConnsClosed, log: log, warn: rateLog{every: warnEvery},
+		members: map[net.Conn]capSlot{},
 	}
 }
 
 // track records c entering state and closes the connection the cap gives
 // up. It closes it with the lock held: released first, net/http could
-// report it inside a request, and the cap would cut a request it counts as
-// waiting. A close without linger does not block.
+// report it in a new state, and the cap would cut a connection it ranked
+// by the old one. The close sends a reset, which does not block and frees
+// what the socket still queues at once: closed with a FIN, a socket whose
+// peer never reads keeps its unsent bytes, orphaned, for minutes.
 func (cc *connCap) track(c net.Conn, state http.ConnState) {
+	now := time.Now()
 	cc.mu.Lock()
-	victim := cc.enterLocked(c, state)
+	victim, reason := cc.enterLocked(c, state, now)
+	if hc, ok := victim.(*healthConn); ok {
+		victim = hc.TCPConn // for closeAbortive
+	}
 	if victim != nil {
-		_ = victim.Close() // net/http reports it closed soon; it no longer counts
+		closeAbortive(victim) // net/http reports it closed soon; it no longer counts
 	}
 	cc.mu.Unlock()
 	if victim == nil {
 		return
 	}
+	cc.closed.WithLabelValues(reason).Inc()
 	if n, due := cc.warn.note(); due {
 		cc.log.Warn("health server at its connection limit, closing connections", "limit", cc.max, "closed", n)
 	}
 }
 
-// enterLocked moves c to state and returns the connection to close, if any.
-func (cc *connCap) enterLocked(c net.Conn, state http.ConnState) net.Conn {
-	e, member := cc.members[c]
-	if e != nil {
-		cc.waiting.Remove(e)
-	}
+// enterLocked moves c to state at now and returns the connection to close,
+// if any, and why.
+func (cc *connCap) enterLocked(c net.Conn, state http.ConnState, now time.Time) (net.Conn, string) {
+	_, member := cc.members[c]
 	switch {
-	case state == http.StateNew && len(cc.members) >= cc.max && cc.waiting.Len() == 0:
-		cc.closedNew.Inc()
-		return c
-	case state == http.StateNew:
-		var victim net.Conn
-		if len(cc.members) >= cc.max {
-			victim, _ = cc.waiting.Remove(cc.waiting.Front()).(net.Conn)
-			delete(cc.members, victim)
-			cc.closedWaiting.Inc()
+	case state == http.StateNew && len(cc.members) >= cc.max:
+		victim, reason := cc.pickLocked(now)
+		if victim == nil {
+			return c, reasonNew // never a member
 		}
-		cc.members[c] = cc.waiting.PushBack(c)
-		return victim
+		delete(cc.members, victim)
+		cc.members[c] = capSlot{state: state, since: now}
+		return victim, reason
+	case state == http.StateNew:
+		cc.members[c] = capSlot{state: state, since: now}
+	case member && (state == http.StateActive || state == http.StateIdle):
+		s := cc.members[c]
+		s.state, s.since = state, now
+		if state == http.StateActive {
+			s.requests++
+		}
+		cc.members[c] = s
 	case !member: // closed by the cap; net/http catches up
-	case state == http.StateIdle:
-		cc.members[c] = cc.waiting.PushBack(c)
-	case state == http.StateActive:
-		cc.members[c] = nil
 	default: // closed or hijacked
 		delete(cc.members, c)
 	}
-	return nil
+	return nil, ""
+}
+
+// pickLocked returns the member to close first (see connCap) and why, or
+// nil if none may go. A scan is cheaper than keeping the order: the cap is
+// small, and a member's rank changes with time alone.
+func (cc *connCap) pickLocked(now time.Time) (net.Conn, string) {
+	var pick net.Conn
+	pickRank := rankUnread
+	var pickSince time.Time
+	for c, s := range cc.members {
+		r, since := capRank(c, s, now)
+		if r < pickRank || (r == pickRank && r != rankUnread && since.Before(pickSince)) {
+			pick, pickRank, pickSince = c, r, since
+		}
+	}
+	return pick, rankReasons[pickRank]
+}
+
+// capRank places c, where s says it is, in connCap's order of closing at
+// now, with the time that orders it within its rank.
+func capRank(c net.Conn, s capSlot, now time.Time) (int, time.Time) {
+	if hc, ok := c.(*healthConn); ok {
+		if since, ok := hc.since(&hc.writing); ok && now.Sub(since) > healthBlockedAfter {
+			return rankStalled, since
+		}
+		// Once a request is read, net/http keeps a read under way to see
+		// the client go: only before the first does a read wait on it.
+		if since, ok := hc.since(&hc.reading); ok && now.Sub(since) > healthBlockedAfter && s.state == http.StateNew {
+			return rankStalled, since
+		}
+	}
+	switch {
+	case s.state == http.StateIdle:
+		return rankIdle, s.since
+	case now.Sub(s.since) > healthStallAfter:
+		return rankStalled, s.since
+	case s.state == http.StateActive && s.requests > 1:
+		return rankBusy, s.since
+	default:
+		return rankUnread, s.since
+	}
+}
+
+// healthConn is an accepted health connection that lets connCap see it wait
+// on its client: a write blocked on a full send buffer, a read for a
+// request not yet sent. A probe's request is there when it is accepted and
+// its answer, a few hundred bytes, never blocks, however loaded the server.
+type healthConn struct {
+	*net.TCPConn
+	accepted time.Time
+	// reading and writing are each 1 + the time from accepted to the start
+	// of the Read or Write under way, or 0 outside one: monotonic, and no
+	// allocation per call.
+	reading, writing atomic.Int64
+}
+
+func (c *healthConn) Read(p []byte) (int, error) {
+	c.reading.Store(1 + int64(time.Since(c.accepted)))
+	defer c.reading.Store(0)
+	return c.TCPConn.Read(p)
+}
+
+func (c *healthConn) Write(p []byte) (int, error) {
+	c.writing.Store(1 + int64(time.Since(c.accepted)))
+	defer c.writing.Store(0)
+	return c.TCPConn.Write(p)
+}
+
+// since reports whether the call op tracks is under way, and since when.
+func (c *healthConn) since(op *atomic.Int64) (time.Time, bool) {
+	d := op.Load()
+	return c.accepted.Add(time.Duration(d - 1)), d != 0
 }
 
 // steadyListener keeps the health server accepting through every accept
@@ -170,6 +291,10 @@ func (l *steadyListener) Accept() (net.Conn, error) {
 	var backoff time.Duration
 	for {
 		c, err := l.Listener.Accept()
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetWriteBuffer(healthSendBuffer) // best effort: connCap still bounds the count
+			c = &healthConn{TCPConn: tc, accepted: time.Now()}
+		}
 		if err == nil || errors.Is(err, net.ErrClosed) {
 			if err == nil && backoff != 0 {
 				l.log.Info("health server accepting again")

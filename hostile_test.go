@@ -300,8 +300,10 @@ func TestHostileManyConcurrentRequests(t *testing.T) {
 	if metricsOK == 0 {
 		t.Errorf("/metrics answered 200 to none of %d concurrent scrapes; want some", requests/len(paths))
 	}
-	counted := int(testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reasonWaiting)) +
-		testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reasonNew)))
+	counted := 0
+	for _, reason := range []string{reasonStalled, reasonIdle, reasonBusy, reasonNew} {
+		counted += int(testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reason)))
+	}
 	if counted != closed {
 		t.Errorf("health_connections_closed_total: got %d; want the %d connections the clients saw closed", counted, closed)
 	}

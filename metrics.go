@@ -26,7 +26,7 @@ type metrics struct {
 	upstreamConns                                            *prometheus.GaugeVec     // upstream
 	buildInfo                                                *prometheus.GaugeVec     // version, revision, goversion
 	discoveryRunning                                         *prometheus.GaugeVec     // provider
-	healthConnsClosed                                        *prometheus.CounterVec   // reason: reasonWaiting or reasonNew
+	healthConnsClosed                                        *prometheus.CounterVec   // reason: reasonStalled, reasonIdle, reasonBusy or reasonNew
 	idleConnsClosed                                          *prometheus.CounterVec   // reason: reasonLimit or reasonTimeout
 	upstreamBytes                                            *prometheus.CounterVec   // upstream, direction: dirToUpstream or dirToClient
 	connsClosed                                              *prometheus.CounterVec   // upstream, reason: one of endReasons
@@ -37,10 +37,11 @@ const (
 	labelUpstream   = "upstream"
 	labelProvider   = "provider"
 
-	// The reasons of healthConnsClosed: a connection outside a request
-	// closed to make room for a new one, or the new one, closed because
-	// every connection was inside a request (see connCap).
-	reasonWaiting = "waiting"
+	// The reasons of healthConnsClosed (see connCap): a connection waiting
+	// on its client, an idle one, one inside a request, or the new one.
+	reasonStalled = "stalled"
+	reasonIdle    = "waiting"
+	reasonBusy    = "busy"
 	reasonNew     = "new"
 
 	// The directions of upstreamBytes.
@@ -121,11 +122,12 @@ func (m *metrics) addBeyondSpec() {
 	m.drains = gauge("drains_in_progress", "Removed upstreams whose connections are still draining.")
 	m.buildInfo = gaugeVec("build_info", "Always 1; the labels say which build is running.", "version", "revision", "goversion")
 	m.healthConnsClosed = counterVec("health_connections_closed_total",
-		"Health server connections closed at its connection limit: reason=waiting, one outside a request (idle, or not read from yet) closed to make room; reason=new, a new one, closed because every connection was inside a request.", "reason")
-	// Both series exist from the start, so that rates over them work
+		"Health server connections closed at its connection limit, the first of: reason=stalled, one waiting on its client (blocked writing an answer it does not read, reading a request it trickles, or over a second in a request); reason=waiting, an idle one; reason=busy, one inside a request; reason=new, the new one, when every other was accepted with its request but not yet read.", "reason")
+	// Every series exists from the start, so that rates over them work
 	// before the first closing.
-	m.healthConnsClosed.WithLabelValues(reasonWaiting)
-	m.healthConnsClosed.WithLabelValues(reasonNew)
+	for _, reason := range []string{reasonStalled, reasonIdle, reasonBusy, reasonNew} {
+		m.healthConnsClosed.WithLabelValues(reason)
+	}
 	m.idleConnsClosed = counterVec("idle_connections_closed_total",
 		"Proxied connections closed for silence: reason=limit, at the connection limit to make room for a waiting client; reason=timeout, silent both ways for 10 minutes.", "reason")
 	m.idleConnsClosed.WithLabelValues(reasonLimit)
