@@ -63,8 +63,12 @@ func unmapped(ap netip.AddrPort) netip.AddrPort {
 
 // shareVictim returns the connection of cands that gives way by this rule,
 // its owner and how many slots the owner holds; nil when none does.
-// owners[i] is the owner of cands[i] (see ownersOf).
+// owners[i] is the owner of cands[i] (see ownersOf); nil, where they are
+// not known, closes none.
 func shareVictim(cands []idleCandidate, owners []string) (victim *idleCandidate, owner string, held int) {
+	if len(owners) != len(cands) {
+		return nil, "", 0
+	}
 	slots := make(map[string]int, len(cands))
 	for _, o := range owners {
 		slots[o]++
@@ -86,13 +90,17 @@ func shareVictim(cands []idleCandidate, owners []string) (victim *idleCandidate,
 
 // ownersOf returns the owner of each candidate's connection: the uid of
 // its client's socket where this node's network namespace has it, else the
-// client's address.
+// client's address; nil if the sockets could not be looked up, lest every
+// local client, root's too, count as one owner, its address.
 func ownersOf(cands []idleCandidate) []string {
 	socks := make([]sockPair, len(cands))
 	for i, c := range cands {
 		socks[i], _ = clientSocket(c.pc.client)
 	}
 	uids := socketUIDs(socks)
+	if uids == nil {
+		return nil
+	}
 	out := make([]string, len(cands))
 	for i, sp := range socks {
 		if uids[i] >= 0 {

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,7 +140,7 @@ func copyTestBinary(t *testing.T) string {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "extractedprism.test")
-	if err := os.WriteFile(bin, b, 0o755); err != nil { //nolint:gosec // another uid runs it
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	return bin
@@ -241,5 +243,46 @@ func trickle(conns []net.Conn, done <-chan struct{}) {
 		for _, c := range conns {
 			_, _ = c.Write([]byte("x"))
 		}
+	}
+}
+
+// TestSocketUIDs: the owner of a loopback client's socket is its uid; a
+// socket this node does not have, and one its process closed, have none.
+func TestSocketUIDs(t *testing.T) {
+	dialled, accepted := tcpPair(t)
+	live, _ := clientSocket(accepted)
+	missing := live
+	missing.local = netip.AddrPortFrom(live.local.Addr(), live.local.Port()+1)
+	elsewhere := sockPair{netip.MustParseAddrPort("192.0.2.1:40000"), live.remote}
+	got := socketUIDs([]sockPair{live, missing, elsewhere})
+	if want := []int{os.Getuid(), -1, -1}; !slices.Equal(got, want) {
+		t.Errorf("uids of a live, a missing and a remote socket: got %v; want %v", got, want)
+	}
+	_ = dialled.Close() // FIN_WAIT2 then TIME_WAIT: no process holds it
+	if got := socketUIDs([]sockPair{live}); !slices.Equal(got, []int{-1}) {
+		t.Errorf("uid of a closed socket: got %v; want [-1]", got)
+	}
+}
+
+// TestSocketUIDsIPv6: the same over ::1, where the host has IPv6.
+func TestSocketUIDsIPv6(t *testing.T) {
+	ln, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	defer ln.Close()
+	c, err := net.DialTimeout("tcp6", ln.Addr().String(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	accepted, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer accepted.Close()
+	sp, _ := clientSocket(accepted)
+	if got := socketUIDs([]sockPair{sp}); !slices.Equal(got, []int{os.Getuid()}) {
+		t.Errorf("uid of %v: got %v; want [%d]", sp, got, os.Getuid())
 	}
 }
