@@ -47,14 +47,14 @@ const rootOwner = "uid 0"
 type sockPair struct{ local, remote netip.AddrPort }
 
 // clientSocket names the socket at the other end of c: its local address
-// is c's remote one.
-func clientSocket(c net.Conn) (sockPair, bool) {
+// is c's remote one. One of no TCP connection is the zero sockPair.
+func clientSocket(c net.Conn) sockPair {
 	l, lok := c.LocalAddr().(*net.TCPAddr)
 	r, rok := c.RemoteAddr().(*net.TCPAddr)
 	if !lok || !rok {
-		return sockPair{}, false
+		return sockPair{}
 	}
-	return sockPair{local: unmapped(r.AddrPort()), remote: unmapped(l.AddrPort())}, true
+	return sockPair{local: unmapped(r.AddrPort()), remote: unmapped(l.AddrPort())}
 }
 
 func unmapped(ap netip.AddrPort) netip.AddrPort {
@@ -95,7 +95,7 @@ func shareVictim(cands []idleCandidate, owners []string) (victim *idleCandidate,
 func ownersOf(cands []idleCandidate) []string {
 	socks := make([]sockPair, len(cands))
 	for i, c := range cands {
-		socks[i], _ = clientSocket(c.pc.client)
+		socks[i] = clientSocket(c.pc.client)
 	}
 	uids := socketUIDs(socks)
 	if uids == nil {

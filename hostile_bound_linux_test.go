@@ -250,7 +250,7 @@ func trickle(conns []net.Conn, done <-chan struct{}) {
 // socket this node does not have, and one its process closed, have none.
 func TestSocketUIDs(t *testing.T) {
 	dialled, accepted := tcpPair(t)
-	live, _ := clientSocket(accepted)
+	live := clientSocket(accepted)
 	missing := live
 	missing.local = netip.AddrPortFrom(live.local.Addr(), live.local.Port()+1)
 	elsewhere := sockPair{netip.MustParseAddrPort("192.0.2.1:40000"), live.remote}
@@ -281,7 +281,7 @@ func TestSocketUIDsIPv6(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer accepted.Close()
-	sp, _ := clientSocket(accepted)
+	sp := clientSocket(accepted)
 	if got := socketUIDs([]sockPair{sp}); !slices.Equal(got, []int{os.Getuid()}) {
 		t.Errorf("uid of %v: got %v; want [%d]", sp, got, os.Getuid())
 	}
