@@ -23,8 +23,8 @@ package main
 // that waits, and reconnects into the same queue. A client with one
 // connection never loses it, and a waiting client of the owner of the most
 // slots only replaces one of that owner's own. Someone must wait at the
-// bound; taking from whoever holds the most is the only choice that no
-// single owner can turn into holding the node's API path.
+// bound; taking from whoever holds the most is the choice by which no
+// single owner but root can hold the node's API path.
 //
 // The owners are looked up only when a client waits at the bound, one
 // socket at a time (see socketUIDs); the data path never looks. Outside
