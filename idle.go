@@ -13,7 +13,9 @@ package main
 //     connection for it: one whose client has sent nothing since it
 //     connected at least newQuietFor ago, the one that connected first;
 //     else the one silent in both directions the longest, once for at least
-//     spokenQuietFor. Where none qualifies, the new client waits for a slot.
+//     spokenQuietFor. Where none qualifies, the owner of the most slots
+//     gives one up (fairshare.go), and else the new client waits for a
+//     slot.
 //   - Any connection silent in both directions for idleTimeout is closed.
 
 import (
@@ -91,14 +93,17 @@ func (p *proxy) candidates() []idleCandidate {
 // if one qualifies. Once closed it is no candidate any more, so a look
 // before its slot is back closes the next one, not it again.
 func (p *proxy) reclaim() {
+	cands := p.candidates()
 	var victim *idleCandidate
-	for _, c := range p.candidates() {
+	for _, c := range cands {
 		if p.idle.qualifies(c) && (victim == nil || c.before(*victim)) {
 			victim = &c
 		}
 	}
 	if victim != nil {
 		p.closeIdle(victim, reasonLimit)
+	} else if victim, owner, held := shareVictim(cands, ownersOf(cands)); victim != nil {
+		p.closeIdle(victim, reasonShare, "owner", owner, "owner_slots", held)
 	}
 }
 
@@ -123,9 +128,13 @@ func (p *proxy) reapIdle(ctx context.Context) {
 
 // closeIdle closes c's connection, which its handler then ends as any
 // other failed one, and counts it.
-func (p *proxy) closeIdle(c *idleCandidate, reason string) {
-	p.log.Debug("closing a silent connection", "reason", reason, "client", c.pc.client.RemoteAddr().String(),
-		"silent", c.quiet.Round(time.Millisecond), "client_spoke", c.spoke)
+func (p *proxy) closeIdle(c *idleCandidate, reason string, args ...any) {
+	msg := "closing a silent connection"
+	if reason == reasonShare {
+		msg = "closing a connection of the owner of the most slots for a waiting client"
+	}
+	p.log.Debug(msg, append([]any{"reason", reason, "client", c.pc.client.RemoteAddr().String(),
+		"silent", c.quiet.Round(time.Millisecond), "client_spoke", c.spoke}, args...)...)
 	c.pc.closeFor(connEndIdle)
 	p.m.idleConnsClosed.WithLabelValues(reason).Inc()
 }

@@ -4,7 +4,9 @@ package main
 // process opening connections until the daemon runs out of descriptors or
 // memory would stop it serving, or get it killed with every proxied
 // connection on the node. At the bound, new clients wait in the listen
-// backlog (the proxy takes a slot before it accepts).
+// backlog (the proxy takes a slot before it accepts), and a silent
+// connection (idle.go) or one of the owner of the most slots
+// (fairshare.go) gives way to the first.
 
 const (
 	// fdsPerConn is what one proxied connection holds: its two sockets and,

@@ -27,7 +27,7 @@ type metrics struct {
 	buildInfo                                                *prometheus.GaugeVec     // version, revision, goversion
 	discoveryRunning                                         *prometheus.GaugeVec     // provider
 	healthConnsClosed                                        *prometheus.CounterVec   // reason: reasonStalled, reasonIdle, reasonBusy or reasonNew
-	idleConnsClosed                                          *prometheus.CounterVec   // reason: reasonLimit or reasonTimeout
+	idleConnsClosed                                          *prometheus.CounterVec   // reason: reasonLimit, reasonTimeout or reasonShare
 	upstreamBytes                                            *prometheus.CounterVec   // upstream, direction: dirToUpstream or dirToClient
 	connsClosed                                              *prometheus.CounterVec   // upstream, reason: one of endReasons
 }
@@ -129,8 +129,9 @@ func (m *metrics) addBeyondSpec() {
 		m.healthConnsClosed.WithLabelValues(reason)
 	}
 	m.idleConnsClosed = counterVec("idle_connections_closed_total",
-		"Proxied connections closed for silence: reason=limit, at the connection limit to make room for a waiting client; reason=timeout, silent both ways for 10 minutes.", "reason")
+		"Proxied connections closed for silence: reason=limit, at the connection limit to make room for a waiting client; reason=timeout, silent both ways for 10 minutes; reason=share, at the connection limit, none silent, one of the non-root owner (uid, or address) holding the most slots.", "reason")
 	m.idleConnsClosed.WithLabelValues(reasonLimit)
+	m.idleConnsClosed.WithLabelValues(reasonShare)
 	m.idleConnsClosed.WithLabelValues(reasonTimeout)
 	m.upstreamBytes = counterVec("upstream_bytes_total",
 		"Bytes proxied between clients and the upstream: direction=to_upstream, from clients; direction=to_client, from the upstream. Counted every MiB of a direction and at its end.", labelUpstream, labelDirection)

@@ -169,12 +169,19 @@ func skewed(counts []int) (most int, ok bool) {
 	return most, counts[most] >= least+2
 }
 
-// longLived returns u's connections older than longLivedAge. p.mu must be
-// held.
+// longLived returns u's connections older than longLivedAge whose client
+// has spoken. One that never sent a byte is never quiet (see quietMoment),
+// so it never closes: counted, a local process that piled such connections
+// on one upstream had the rebalancer close the real watches there, one per
+// period (issue 44). Where TCP_INFO cannot tell (outside Linux, no TCP
+// socket), a connection counts. p.mu must be held.
 func (p *pool) longLived(u *upstream, now time.Time) []*proxyConn {
 	var out []*proxyConn
 	for pc := range u.conns {
-		if now.Sub(pc.since) >= p.longLivedAge() {
+		if now.Sub(pc.since) < p.longLivedAge() {
+			continue
+		}
+		if _, spoke, ok := quietFor(pc.client); spoke || !ok {
 			out = append(out, pc)
 		}
 	}

@@ -6,6 +6,7 @@ package main
 // server use, through golang.org/x/sys/unix's option wrappers.
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -146,4 +147,76 @@ func peerCred(rc syscall.RawConn) (uid, pid int, err error) {
 		return 0, 0, err
 	}
 	return int(cred.Uid), int(cred.Pid), nil
+}
+
+// socketUIDs returns the uid of the socket of this network namespace that
+// each of socks names, -1 where there is none, or none a process holds (a
+// socket its process closed reads uid 0); nil if the kernel could not be
+// asked. It asks the kernel's sock_diag for one socket at a time by its
+// addresses, as `ss -e` shows them: unlike a read of /proc/net/tcp, which
+// lists every socket of the node (4.5 ms per look with 2,000), it costs
+// what len(socks) does.
+func socketUIDs(socks []sockPair) []int {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	// The kernel answers within the send; the timeout only bounds the wait.
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 1})
+	buf := make([]byte, 1024)
+	out := make([]int, len(socks))
+	for i, sp := range socks {
+		out[i] = -1
+		if sp.local.IsValid() {
+			if out[i], err = diagUID(fd, sp, uint32(i+1), buf); err != nil {
+				return nil
+			}
+		}
+	}
+	return out
+}
+
+// diagUID sends one inet_diag_req_v2 (linux/inet_diag.h) for the TCP
+// socket sp names and reads the uid from the inet_diag_msg of the answer;
+// -1 for none (ENOENT), a listener (the kernel's lookup falls back to
+// one), or a socket no process holds (inode 0).
+func diagUID(fd int, sp sockPair, seq uint32, buf []byte) (int, error) {
+	const reqLen = unix.NLMSG_HDRLEN + 56
+	req := make([]byte, reqLen)
+	ne := binary.NativeEndian
+	ne.PutUint32(req[0:], reqLen)
+	ne.PutUint16(req[4:], unix.SOCK_DIAG_BY_FAMILY)
+	ne.PutUint16(req[6:], unix.NLM_F_REQUEST)
+	ne.PutUint32(req[8:], seq)
+	r := req[unix.NLMSG_HDRLEN:]
+	r[0], r[1] = unix.AF_INET, unix.IPPROTO_TCP
+	if sp.local.Addr().Is6() {
+		r[0] = unix.AF_INET6
+	}
+	ne.PutUint32(r[4:], ^uint32(0)) // any state
+	binary.BigEndian.PutUint16(r[8:], sp.local.Port())
+	binary.BigEndian.PutUint16(r[10:], sp.remote.Port())
+	copy(r[12:28], sp.local.Addr().AsSlice())
+	copy(r[28:44], sp.remote.Addr().AsSlice())
+	ne.PutUint64(r[48:], ^uint64(0)) // INET_DIAG_NOCOOKIE: by addresses alone
+	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return 0, fmt.Errorf("sock_diag request: %w", err)
+	}
+	n, _, err := unix.Recvfrom(fd, buf, 0)
+	if err != nil || n < unix.NLMSG_HDRLEN+4 || ne.Uint32(buf[8:]) != seq {
+		return 0, fmt.Errorf("sock_diag answer of %d bytes: %w", n, err)
+	}
+	m := buf[unix.NLMSG_HDRLEN:n]
+	// An error answer: NLMSG_ERROR, then the negated errno as an int32.
+	if typ := ne.Uint16(buf[4:]); typ == unix.NLMSG_ERROR && ne.Uint32(m) == ^uint32(unix.ENOENT)+1 {
+		return -1, nil
+	} else if typ != unix.SOCK_DIAG_BY_FAMILY || len(m) < 72 {
+		return 0, fmt.Errorf("sock_diag answer of type %d, %d bytes", typ, n)
+	}
+	// A socket: inet_diag_msg, its state at 1, uid at 64, inode at 68.
+	if m[1] == unix.BPF_TCP_LISTEN || ne.Uint32(m[68:]) == 0 {
+		return -1, nil
+	}
+	return int(ne.Uint32(m[64:])), nil
 }
