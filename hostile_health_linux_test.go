@@ -41,6 +41,10 @@ const (
 	// Every server socket's send queue at its SO_SNDBUF (twice
 	// healthSendBuffer) for each connection the cap allows.
 	pipeFloodSendQueueBound = healthMaxConns * 2 * healthSendBuffer
+	// Every server socket's receive queue at its SO_RCVBUF (twice
+	// healthRecvBuffer): the cap's, and each flooder's waiting in the
+	// accept queue or just closed.
+	pipeFloodRecvQueueBound = (healthMaxConns + pipeFloodConns) * 2 * healthRecvBuffer
 )
 
 // floodKind is what one hostile connection does once connected.
@@ -118,10 +122,13 @@ func runPipelineFlood(t *testing.T, kinds []floodKind) {
 		t.Errorf("probes made: got %d; want at least %d", len(probes), want)
 	}
 	closed, total := closedByReason(t, srv.m)
-	t.Logf("figures: /metrics page %d bytes; %d clients for %v: probes %d ok, %d failed, slowest %v; closed at the cap %v; server send queues peak %d bytes (bound %d), receive queues peak %d bytes",
-		len(page), len(kinds), pipeFloodFor, len(probes)-failed, failed, slowest, closed, peak.send, pipeFloodSendQueueBound, peak.recv)
+	t.Logf("figures: /metrics page %d bytes; %d clients for %v: probes %d ok, %d failed, slowest %v; closed at the cap %v; server send queues peak %d bytes (bound %d), receive queues peak %d bytes (bound %d)",
+		len(page), len(kinds), pipeFloodFor, len(probes)-failed, failed, slowest, closed, peak.send, pipeFloodSendQueueBound, peak.recv, pipeFloodRecvQueueBound)
 	if peak.send > pipeFloodSendQueueBound {
 		t.Errorf("server send queues: got a peak of %d bytes; want at most %d (healthMaxConns × 2 × healthSendBuffer)", peak.send, pipeFloodSendQueueBound)
+	}
+	if peak.recv > pipeFloodRecvQueueBound {
+		t.Errorf("server receive queues: got a peak of %d bytes; want at most %d ((healthMaxConns + clients) × 2 × healthRecvBuffer)", peak.recv, pipeFloodRecvQueueBound)
 	}
 	if total == 0 {
 		t.Error("closed at the cap: got none; want the flood to have reached the cap")
