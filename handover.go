@@ -131,9 +131,7 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opene
 		log.Warn("no hand-over from the running instance; opening the listening sockets", "socket", cfg.HandoverSocket, "err", err)
 	}
 	if c != nil {
-		if o, ok := adopt(ctx, cfg, log, c, onPorts(lns, log, cfg.BindPort, cfg.HealthPort)); ok {
-			log.Info("took over the listening sockets from the running instance", "pid", pid,
-				"listen", o.lb.Addr().String(), "health", o.health.Addr().String(), "proxy_socket_shared", o.lbShared)
+		if o, ok := adopt(ctx, cfg, log, c, pid, onPorts(lns, log, cfg.BindPort, cfg.HealthPort)); ok {
 			return o, nil
 		}
 		_ = c.Close()
@@ -148,17 +146,17 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opene
 	return o, err
 }
 
-// adopt serves lns, the running instance's sockets on the flags' ports,
-// and acknowledges them on c, naming their ports: an acknowledgement means
-// they are adopted. ok false, with lns closed, when none is or they cannot
-// be; c then gets no answer.
-func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, lns []*net.TCPListener) (o opened, ok bool) {
+// adopt makes lns, the sockets of the running instance (process pid) on
+// the flags' ports, its listeners, and acknowledges them on c, naming
+// their ports: an acknowledgement means they are adopted. ok false, with
+// lns closed, when none is or they cannot be; c then gets no answer.
+func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, pid int, lns []*net.TCPListener) (o opened, ok bool) {
 	if len(lns) == 0 {
 		return opened{}, false
 	}
 	var ports []string
 	for _, ln := range lns {
-		ports = append(ports, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+		ports = append(ports, strconv.Itoa(listenPort(ln)))
 	}
 	o.lbShared = slices.Contains(ports, strconv.Itoa(cfg.BindPort))
 	var err error
@@ -172,6 +170,11 @@ func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, 
 		log.Warn("the running instance did not wait for the hand-over's answer", "err", err)
 	}
 	o.predecessor = c
+	msg := "took over the listening sockets from the running instance"
+	if o.lbShared {
+		msg += "; it alone takes proxied connections until a check of this instance's passes an upstream"
+	}
+	log.Info(msg, "pid", pid, "ports", ports, "listen", o.lb.Addr().String(), "health", o.health.Addr().String())
 	return o, true
 }
 
@@ -181,7 +184,7 @@ func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, 
 func onPorts(lns []*net.TCPListener, log *slog.Logger, ports ...int) []*net.TCPListener {
 	var kept []*net.TCPListener
 	for _, ln := range lns {
-		if tcp, ok := ln.Addr().(*net.TCPAddr); ok && slices.Contains(ports, tcp.Port) {
+		if slices.Contains(ports, listenPort(ln)) {
 			kept = append(kept, ln)
 			continue
 		}
@@ -189,6 +192,14 @@ func onPorts(lns []*net.TCPListener, log *slog.Logger, ports ...int) []*net.TCPL
 		_ = ln.Close()
 	}
 	return kept
+}
+
+// listenPort returns the port ln listens on, 0 if it is not a TCP one.
+func listenPort(ln net.Listener) int {
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok {
+		return tcp.Port
+	}
+	return 0
 }
 
 // takeOver asks the instance serving path for its listening sockets. It
@@ -360,7 +371,7 @@ func (h *handover) give(c *net.UnixConn) (taken []*gate, pid int, err error) {
 		return nil, 0, fmt.Errorf("the new instance (pid %d) did not take the sockets: %w", pid, err)
 	}
 	for _, s := range socks {
-		if ports == nil || slices.Contains(ports, s.Addr().(*net.TCPAddr).Port) {
+		if ports == nil || slices.Contains(ports, listenPort(s)) {
 			taken = append(taken, s)
 		}
 	}

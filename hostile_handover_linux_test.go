@@ -220,7 +220,7 @@ func runPeerIfChild() bool {
 	c := conn.(*net.UnixConn)
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 	buf, oob := make([]byte, 64), make([]byte, unix.CmsgSpace(4*4))
-	_, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
+	_, oobn, _, _, err := c.ReadMsgUnix(buf, oob) //nolint:dogsled // only the descriptors count
 	msgs, _ := unix.ParseSocketControlMessage(oob[:max(oobn, 0)])
 	var ports []string
 	for _, m := range msgs {
@@ -311,7 +311,7 @@ func copyFile(from, to string) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(to, b, 0o755) //nolint:gosec // an executable, run as another user
+	return os.WriteFile(to, b, 0o755)
 }
 
 // connectedFile returns the accepted end of a loopback connection, as

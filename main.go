@@ -60,7 +60,9 @@
 //
 // On --health-bind-address:--health-port: /healthz (503 once the run and
 // accept loops have not beaten for --liveness-threshold), /readyz (200 while
-// an upstream is healthy and not draining), /metrics and /upstreams.
+// an upstream is healthy and not draining and, in an instance that took the
+// sockets over from a running one, once its own check has passed an
+// upstream), /metrics and /upstreams.
 //
 // # Metrics
 //
