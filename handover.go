@@ -7,17 +7,26 @@ package main
 // same port. It asks over a unix socket (--handover-socket), gets
 // duplicates of the proxy's and the health server's sockets by
 // SCM_RIGHTS, and serves them; both processes accept from the same
-// sockets until the old one gets SIGTERM. The old one's close then drops
+// sockets until the old one gets SIGTERM, except that the old one stops
+// taking health probes, so /readyz is the new one's, and the new one takes
+// proxied connections only once its own check passed an upstream
+// (gate.go). The old one's close then drops
 // a reference, not the socket: a connection waiting in the accept queue
 // stays there for the new one. SO_REUSEPORT, the other way to overlap,
 // gives each process a queue of its own, and the kernel resets what waits
 // in a closing one unless net.ipv4.tcp_migrate_req is set on the node.
 //
+// The two keep the hand-over connection open while both run. When the new
+// one stops first (a rollback), the old one serves alone again and takes
+// the hand-over path back, which names the stopped one's socket; when the
+// old one stops, the new one serves alone.
+//
 // Whoever reaches the unix socket gets the node's listening sockets, so it
 // lives in a directory only the daemon's user can enter, and each side
-// checks that the other runs as the same user (or root).
+// checks that the other runs as the same user and group (or root).
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -30,6 +39,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -49,60 +60,94 @@ const (
 	// (30 s).
 	handoverSpread = 10 * time.Second
 
-	// handoverHello is the message that carries the sockets; handoverAck
-	// the successor's answer once it serves them.
+	// handoverHello is the message that carries the sockets. The
+	// successor answers once it serves them: handoverAck, then a line of
+	// handoverPorts and the ports of those it adopted, which an older
+	// instance, reading only the first line, ignores.
 	handoverHello = "extractedprism listeners 1\n"
 	handoverAck   = "ok\n"
+	handoverPorts = "ports"
 )
 
-// samePeer checks that the process at the other end of c runs as this
-// process's user or as root, and returns its process ID, 0 when it lives in
-// another PID namespace.
+// samePeer checks that the process at the other end of c is this daemon's:
+// it runs as this process's user and group, or as root. The group counts
+// too: a node's other workloads often share a user (65534, nobody), and
+// any of them took the node's listening sockets. It returns the peer's
+// process ID, 0 when it lives in another PID namespace.
 func samePeer(c *net.UnixConn) (int, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return 0, err
 	}
-	uid, pid, err := peerCred(rc)
+	uid, gid, pid, err := peerCred(rc)
 	if err != nil {
 		return 0, fmt.Errorf("peer credentials: %w", err)
 	}
-	if uid != os.Geteuid() && uid != 0 {
-		return 0, fmt.Errorf("peer runs as uid %d; want uid %d or root", uid, os.Geteuid())
+	if uid != 0 && (uid != os.Geteuid() || gid != os.Getegid()) {
+		return 0, fmt.Errorf("peer runs as %d:%d; want %d:%d, this daemon's user and group, or root",
+			uid, gid, os.Geteuid(), os.Getegid())
 	}
 	return pid, nil
 }
 
 // takeOverOrListen takes the listeners over from the instance serving
 // --handover-socket, or opens its own when none answers there, the hand-over
-// fails, or the sockets handed over are not on the addresses the flags name
-// (an upgrade that moves a port).
-func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (lb, health net.Listener, err error) {
+// fails, or the flags name other ports (an upgrade that moves a port).
+func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opened, error) {
 	if err := ownDir(filepath.Dir(cfg.HandoverSocket)); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
+		return opened{}, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
 	}
 	lns, c, pid, err := takeOver(cfg.HandoverSocket)
+	refused := errors.Is(err, syscall.ECONNREFUSED)
 	if err != nil {
 		log.Warn("no hand-over from the running instance; opening the listening sockets", "socket", cfg.HandoverSocket, "err", err)
 	}
-	if c == nil {
-		lb, health, _, err = listen(ctx, cfg, nil)
-		return lb, health, err
+	if c != nil {
+		if o, ok := adopt(ctx, cfg, log, c, pid, onPorts(lns, log, cfg.BindPort, cfg.HealthPort)); ok {
+			return o, nil
+		}
+		_ = c.Close()
 	}
-	defer c.Close()
-	lns = onPorts(lns, log, cfg.BindPort, cfg.HealthPort)
-	if lb, health, _, err = listen(ctx, cfg, lns); err != nil {
+	o := opened{}
+	o.lb, o.health, _, err = listen(ctx, cfg, nil)
+	if refused && errors.Is(err, syscall.EADDRINUSE) {
+		err = fmt.Errorf("%w: the hand-over socket %s refused connections, so what holds the port cannot be asked for it: "+
+			"an instance started without this --handover-socket, or of a version that does not take the path back when its successor stops; stop it",
+			err, cfg.HandoverSocket)
+	}
+	return o, err
+}
+
+// adopt makes lns, the sockets of the running instance (process pid) on
+// the flags' ports, its listeners, and acknowledges them on c, naming
+// their ports: an acknowledgement means they are adopted. ok false, with
+// lns closed, when none is or they cannot be; c then gets no answer.
+func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, pid int, lns []*net.TCPListener) (o opened, ok bool) {
+	if len(lns) == 0 {
+		return opened{}, false
+	}
+	var ports []string
+	for _, ln := range lns {
+		ports = append(ports, strconv.Itoa(listenPort(ln)))
+	}
+	o.lbShared = slices.Contains(ports, strconv.Itoa(cfg.BindPort))
+	var err error
+	if o.lb, o.health, _, err = listen(ctx, cfg, lns); err != nil {
 		log.Warn("the running instance's listening sockets are not where the flags say; opening them", "err", err)
-		lb, health, _, err = listen(ctx, cfg, nil)
-		return lb, health, err
+		return opened{}, false
 	}
-	if _, err := io.WriteString(c, handoverAck); err != nil {
-		// It stopped waiting; the sockets are shared all the same.
+	if _, err := io.WriteString(c, handoverAck+handoverPorts+" "+strings.Join(ports, " ")+"\n"); err != nil {
+		// It stopped waiting; the sockets are shared all the same, and
+		// follow sees its end closed.
 		log.Warn("the running instance did not wait for the hand-over's answer", "err", err)
 	}
-	log.Info("took over the listening sockets from the running instance", "pid", pid,
-		"listen", lb.Addr().String(), "health", health.Addr().String())
-	return lb, health, nil
+	o.predecessor = c
+	msg := "took over the listening sockets from the running instance"
+	if o.lbShared {
+		msg += "; it alone takes proxied connections until a check of this instance's passes an upstream"
+	}
+	log.Info(msg, "pid", pid, "ports", ports, "listen", o.lb.Addr().String(), "health", o.health.Addr().String())
+	return o, true
 }
 
 // onPorts keeps the listeners on ports and closes the others: after an
@@ -111,7 +156,7 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (lb, h
 func onPorts(lns []*net.TCPListener, log *slog.Logger, ports ...int) []*net.TCPListener {
 	var kept []*net.TCPListener
 	for _, ln := range lns {
-		if tcp, ok := ln.Addr().(*net.TCPAddr); ok && slices.Contains(ports, tcp.Port) {
+		if slices.Contains(ports, listenPort(ln)) {
 			kept = append(kept, ln)
 			continue
 		}
@@ -121,16 +166,26 @@ func onPorts(lns []*net.TCPListener, log *slog.Logger, ports ...int) []*net.TCPL
 	return kept
 }
 
+// listenPort returns the port ln listens on, 0 if it is not a TCP one.
+func listenPort(ln net.Listener) int {
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok {
+		return tcp.Port
+	}
+	return 0
+}
+
 // takeOver asks the instance serving path for its listening sockets. It
 // returns them with the connection to acknowledge them on, and the
 // instance's process ID (0 in another PID namespace); no connection when
 // nothing listens there.
 func takeOver(path string) (lns []*net.TCPListener, c *net.UnixConn, pid int, err error) {
 	conn, err := (&net.Dialer{Timeout: handoverTimeout}).Dial("unix", path)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
-		return nil, nil, 0, nil // no instance runs; a path left behind refuses
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, nil, 0, nil // no instance has run here
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return nil, nil, 0, fmt.Errorf("the instance that made the hand-over socket has stopped: %w", err)
+	case err != nil:
 		return nil, nil, 0, err
 	}
 	c, ok := conn.(*net.UnixConn)
@@ -186,41 +241,53 @@ func readListeners(c *net.UnixConn) ([]*net.TCPListener, error) {
 // handover serves hand-overs of the daemon's listening sockets on its unix
 // socket. daemon.run owns it and runs serve.
 type handover struct {
-	ln    *net.UnixListener
-	log   *slog.Logger
-	socks []net.Listener // the proxy's and the health server's
-	// given is set by serve once a successor serves the sockets; run reads
-	// it at the stop.
+	path string
+	ln   *net.UnixListener // serve's, which replaces it when it takes the path back
+	log  *slog.Logger
+	lb   *gate // the proxy's listener
+	// health is the health server's listener, shut while a successor
+	// serves it: each probe then reaches the successor.
+	health *gate
+	// given is set by serve while a successor serves the proxy's socket
+	// too; run reads it at the stop (gracefulstop.go).
 	given atomic.Bool
 }
 
-// listenHandover serves hand-overs of socks on path, replacing whatever is
-// there: the newest instance is the one to ask.
-func listenHandover(path string, log *slog.Logger, socks ...net.Listener) (*handover, error) {
-	tmp := path + "." + rand.Text()[:8]
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+// listenHandover serves hand-overs of lb's and health's sockets on path.
+func listenHandover(path string, log *slog.Logger, lb, health *gate) (*handover, error) {
+	ln, err := bindOver(path)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
 	}
+	return &handover{path: path, ln: ln, log: log, lb: lb, health: health}, nil
+}
+
+// bindOver listens on a fresh unix socket renamed over path, replacing
+// whatever is there: the newest instance is the one to ask.
+func bindOver(path string) (*net.UnixListener, error) {
+	tmp := path + "." + rand.Text()[:8]
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
 	// Once a successor renames its socket over path, the path is its own;
-	// a stopping daemon must not remove it. One left behind refuses
-	// connections, which a starting daemon takes for no instance running.
+	// a stopping daemon must not remove it.
 	ln.SetUnlinkOnClose(false)
 	if err := os.Rename(tmp, path); err != nil {
 		_ = ln.Close()
 		_ = os.Remove(tmp)
-		return nil, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
+		return nil, err
 	}
-	return &handover{ln: ln, log: log, socks: socks}, nil
+	return ln, nil
 }
 
 // serve hands the sockets to each instance that asks, one at a time, until
-// ctx is done.
+// ctx is done, and shares them with each successor for as long as it runs
+// (share).
 func (h *handover) serve(ctx context.Context) {
-	stop := context.AfterFunc(ctx, func() { _ = h.ln.Close() })
-	defer stop()
+	defer func() { _ = h.ln.Close() }()
 	for {
-		c, err := h.ln.AcceptUnix()
+		c, err := acceptUnix(ctx, h.ln)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
@@ -229,46 +296,165 @@ func (h *handover) serve(ctx context.Context) {
 			await(ctx.Done(), acceptBackoffMax)
 			continue
 		}
-		if err := h.give(c); err != nil {
-			h.log.Warn("hand-over of the listening sockets failed; this instance keeps serving them", "err", err)
+		taken, pid, err := h.give(c)
+		if err != nil {
+			h.log.Warn("hand-over of the listening sockets failed; this instance keeps serving them alone", "err", err)
+		}
+		if len(taken) > 0 {
+			h.share(ctx, c, taken, pid)
 		}
 		_ = c.Close()
 	}
 }
 
-// give sends the sockets over c and waits for the successor's answer that
-// it serves them.
-func (h *handover) give(c *net.UnixConn) error {
-	pid, err := samePeer(c)
-	if err != nil {
-		return err
+// acceptUnix accepts on ln until ctx is done, which closes ln.
+func acceptUnix(ctx context.Context, ln *net.UnixListener) (*net.UnixConn, error) {
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	return ln.AcceptUnix()
+}
+
+// give sends the sockets over c and returns those the successor answered
+// it adopted, with its process ID.
+func (h *handover) give(c *net.UnixConn) (taken []*gate, pid int, err error) {
+	if pid, err = samePeer(c); err != nil {
+		return nil, 0, err
 	}
 	_ = c.SetDeadline(time.Now().Add(handoverTimeout))
 	var fds []int
-	for _, s := range h.socks {
-		fl, ok := s.(interface{ File() (*os.File, error) })
+	socks := []*gate{h.lb, h.health}
+	for _, s := range socks {
+		fl, ok := s.Listener.(interface{ File() (*os.File, error) })
 		if !ok {
-			return fmt.Errorf("the listener on %s has no descriptor to pass", s.Addr())
+			return nil, 0, fmt.Errorf("the listener on %s has no descriptor to pass", s.Addr())
 		}
 		f, err := fl.File()
 		if err != nil {
-			return err
+			return nil, 0, err
 		}
 		defer f.Close()
 		fds = append(fds, int(f.Fd()))
 	}
 	if _, _, err := c.WriteMsgUnix([]byte(handoverHello), unix.UnixRights(fds...), nil); err != nil {
-		return err
+		return nil, 0, err
 	}
-	ack := make([]byte, len(handoverAck))
-	if _, err := io.ReadFull(c, ack); err != nil {
-		return fmt.Errorf("the new instance did not take the sockets: %w", err)
+	ports, err := readAck(c)
+	if err != nil {
+		return nil, 0, fmt.Errorf("the new instance (pid %d) did not take the sockets: %w", pid, err)
 	}
-	if string(ack) != handoverAck {
-		return fmt.Errorf("the new instance did not take the sockets: it answered %q", ack)
+	for _, s := range socks {
+		if ports == nil || slices.Contains(ports, listenPort(s)) {
+			taken = append(taken, s)
+		}
 	}
-	h.given.Store(true)
-	h.log.Info("handed the listening sockets to a new instance, which serves them too; SIGTERM now stops this one without refusing a connection",
-		"pid", pid)
-	return nil
+	return taken, pid, nil
+}
+
+// readAck reads the successor's answer: "ok", then the ports of the
+// sockets it adopted. Ports are nil after an instance of an older version,
+// which answers "ok" alone, having taken both.
+func readAck(c *net.UnixConn) ([]int, error) {
+	r := bufio.NewReaderSize(c, 64)
+	line, err := r.ReadSlice('\n')
+	if err != nil || string(line) != handoverAck {
+		return nil, fmt.Errorf("it answered %q: %w", line, err)
+	}
+	if line, err = r.ReadSlice('\n'); errors.Is(err, io.EOF) && len(line) == 0 {
+		return nil, nil
+	}
+	fields := strings.Fields(string(line))
+	if err != nil || len(fields) < 2 || fields[0] != handoverPorts {
+		return nil, fmt.Errorf("it answered %q: %w", line, err)
+	}
+	ports := make([]int, len(fields)-1)
+	for i, f := range fields[1:] {
+		if ports[i], err = strconv.Atoi(f); err != nil {
+			return nil, fmt.Errorf("it answered %q: %w", line, err)
+		}
+	}
+	return ports, nil
+}
+
+// share holds the hand-over connection c while the successor serves taken
+// too. This instance takes no health probe meanwhile, so each reaches the
+// successor, whose readiness is its own. Once the successor's end closes
+// while this instance is not stopping (a rollback stopped it), this one
+// serves alone again and takes the path back: the path names the
+// successor's socket, which refuses once it has stopped, and every later
+// instance would fail to bind the ports this one holds.
+func (h *handover) share(ctx context.Context, c *net.UnixConn, taken []*gate, pid int) {
+	h.given.Store(slices.Contains(taken, h.lb))
+	h.health.set(!slices.Contains(taken, h.health))
+	addrs := make([]string, len(taken))
+	for i, s := range taken {
+		addrs[i] = s.Addr().String()
+	}
+	if h.given.Load() {
+		h.log.Info("handed the listening sockets to a new instance, which serves them too; SIGTERM now stops this one without refusing a connection",
+			"pid", pid, "taken", addrs)
+	} else {
+		h.log.Info("handed the listening sockets to a new instance, but not the proxy's: this one serves it alone, and SIGTERM closes its connections at once",
+			"pid", pid, "taken", addrs)
+	}
+	if !awaitClose(ctx, c) {
+		return
+	}
+	h.given.Store(false)
+	h.health.set(true)
+	ln, err := bindOver(h.path)
+	if err != nil {
+		h.log.Error("the new instance is gone, and taking the hand-over socket back failed: the next instance will not find this one", "pid", pid, "err", err)
+		return
+	}
+	_ = h.ln.Close()
+	h.ln = ln
+	h.log.Info("the new instance is gone: serving the listening sockets alone again, and the hand-over socket is this instance's again", "pid", pid)
+}
+
+// awaitClose waits until the peer of c closes it, or ctx is done, and
+// reports whether the peer closed it.
+func awaitClose(ctx context.Context, c *net.UnixConn) bool {
+	_ = c.SetReadDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })
+	defer stop()
+	_, _ = io.Copy(io.Discard, c)
+	return ctx.Err() == nil
+}
+
+// follow holds the connection to the instance that handed the sockets
+// over for as long as both run: its closing tells that instance that this
+// one is gone (share). Once that instance is gone, this one serves alone,
+// as a fresh start does.
+func (d *daemon) follow(ctx context.Context) {
+	defer d.predecessor.Close()
+	if awaitClose(ctx, d.predecessor) {
+		d.log.Info("the instance that handed the sockets over has closed the hand-over connection (it stopped, or is of an older version): serving them as a fresh start does")
+		d.lb.set(true)
+	}
+}
+
+// openOnUsable opens the shared proxy socket's gate once a check of this
+// instance's passed an upstream: a successor with none usable must not
+// take clients from the instance it took over from, which serves them.
+func (d *daemon) openOnUsable(ctx context.Context) {
+	select {
+	case <-d.usable:
+		if !d.lb.isOpen() {
+			d.log.Info("an upstream passed this instance's check: accepting proxied connections on the shared socket")
+			d.lb.set(true)
+		}
+	case <-ctx.Done():
+	}
+}
+
+// onFirstPass returns check, which closes passed once a check has passed.
+func onFirstPass(check checkFunc, passed chan<- struct{}) checkFunc {
+	var once sync.Once
+	return func(ctx context.Context, addr string) checkResult {
+		res := check(ctx, addr)
+		if res.err == nil && res.notReady == nil {
+			once.Do(func() { close(passed) })
+		}
+		return res
+	}
 }

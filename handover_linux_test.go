@@ -277,3 +277,33 @@ func TestHandoverDir(t *testing.T) {
 		}
 	}
 }
+
+// TestHandoverRefusedPathExplained: the hand-over path names a socket
+// nobody serves, and something else holds the proxy's port. The start
+// fails, and says that the path refused and what that means, not a bare
+// "address already in use".
+func TestHandoverRefusedPathExplained(t *testing.T) {
+	if runMainIfChild() {
+		return
+	}
+	args, addr := handoverArgs(t, deadAddr(t))
+	sock := args[slices.Index(args, "--handover-socket")+1]
+	if err := os.Mkdir(filepath.Dir(sock), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	_ = stale.Close()
+	held, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	_, err = tryStartMain(t, nil, args...)
+	if err == nil || !strings.Contains(err.Error(), "refused connections, so what holds the port cannot be asked for it") {
+		t.Errorf("start with a refusing hand-over path and the port held: %v; want the refusal explained", err)
+	}
+}

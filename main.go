@@ -60,7 +60,9 @@
 //
 // On --health-bind-address:--health-port: /healthz (503 once the run and
 // accept loops have not beaten for --liveness-threshold), /readyz (200 while
-// an upstream is healthy and not draining), /metrics and /upstreams.
+// an upstream is healthy and not draining and, in an instance that took the
+// sockets over from a running one, once its own check has passed an
+// upstream), /metrics and /upstreams.
 //
 // # Metrics
 //
@@ -159,50 +161,69 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	for _, ig := range cfg.ignoredSettings() {
 		log.Warn("setting has no effect", "setting", flagRef(ig.flag), "because", ig.because)
 	}
-	lbLn, healthLn, lbPassed, err := sockets(ctx, cfg, getenv, log)
+	s, err := sockets(ctx, cfg, getenv, log)
 	if err != nil {
 		return err
 	}
-	d := newDaemon(cfg, log, lbLn.Addr().String(), hangups)
-	if err := d.outlive(lbLn, healthLn, lbPassed); err != nil {
-		_, _ = lbLn.Close(), healthLn.Close()
+	d := newDaemon(cfg, log, s.lb.Addr().String(), hangups)
+	if err := d.outlive(s); err != nil {
+		s.close()
 		return err
 	}
-	return d.run(ctx, lbLn, healthLn)
+	return d.run(ctx)
+}
+
+// opened is what sockets opened.
+type opened struct {
+	lb, health net.Listener
+	lbPassed   bool // the service manager passed the proxy's socket
+	// predecessor is the hand-over connection to the instance that handed
+	// sockets over, nil if none did; lbShared says the proxy's socket was
+	// one of them.
+	predecessor *net.UnixConn
+	lbShared    bool
+}
+
+func (o opened) close() {
+	_, _ = o.lb.Close(), o.health.Close()
+	if o.predecessor != nil {
+		_ = o.predecessor.Close()
+	}
 }
 
 // outlive prepares for the listening sockets to outlive the process:
 // passed by the service manager (lbPassed), or handed on to a successor
 // through --handover-socket. Handlers then outlive serve
-// (gracefulstop.go).
-func (d *daemon) outlive(lb, health net.Listener, lbPassed bool) (err error) {
-	d.activated = lbPassed
+// (gracefulstop.go). A proxy socket shared with the instance that handed
+// it over is not accepted on until openOnUsable or follow opens its gate.
+func (d *daemon) outlive(s opened) (err error) {
+	d.activated, d.predecessor = s.lbPassed, s.predecessor
+	d.lb, d.health = newGate(s.lb, !s.lbShared), newGate(s.health, true)
 	if d.cfg.HandoverSocket != "" {
-		if d.handover, err = listenHandover(d.cfg.HandoverSocket, d.log.With("component", "handover"), lb, health); err != nil {
+		if d.handover, err = listenHandover(d.cfg.HandoverSocket, d.log.With("component", "handover"), d.lb, d.health); err != nil {
 			return err
 		}
 	}
-	d.proxy.graceful = lbPassed || d.handover != nil
+	d.proxy.graceful = s.lbPassed || d.handover != nil
 	return nil
 }
 
 // sockets opens the daemon's listeners: those the service manager passed
 // (socketactivation.go), else those the running instance hands over
-// (handover.go), else its own. lbPassed reports that the service manager
-// passed the proxy's.
-func sockets(ctx context.Context, cfg *config, getenv func(string) string, log *slog.Logger) (lb, health net.Listener, lbPassed bool, err error) {
+// (handover.go), else its own.
+func sockets(ctx context.Context, cfg *config, getenv func(string) string, log *slog.Logger) (s opened, err error) {
 	passed, err := activatedListeners(getenv, listenFDsStart)
 	if err != nil {
-		return nil, nil, false, err
+		return opened{}, err
 	}
 	for _, ln := range passed {
 		log.Info("using the listening socket the service manager passed", "address", ln.Addr().String())
 	}
 	if len(passed) > 0 || cfg.HandoverSocket == "" {
-		return listen(ctx, cfg, passed)
+		s.lb, s.health, s.lbPassed, err = listen(ctx, cfg, passed)
+		return s, err
 	}
-	lb, health, err = takeOverOrListen(ctx, cfg, log)
-	return lb, health, false, err
+	return takeOverOrListen(ctx, cfg, log)
 }
 
 // listen opens the proxy's and the health server's listeners, or adopts
@@ -267,6 +288,13 @@ type daemon struct {
 	hangups   <-chan os.Signal
 	activated bool      // the service manager passed the proxy's socket
 	handover  *handover // nil without --handover-socket
+	// lb and health are the listeners (outlive). predecessor is the
+	// hand-over connection to the instance that handed them over, nil if
+	// none did; follow owns it. usable is closed once a check passed an
+	// upstream (onFirstPass).
+	lb, health  *gate
+	predecessor *net.UnixConn
+	usable      chan struct{}
 }
 
 func newDaemon(cfg *config, log *slog.Logger, lbAddr string, hangups <-chan os.Signal) *daemon {
@@ -289,8 +317,9 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string, hangups <-chan os.S
 		}
 		check, pc.forget = rp.check, rp.kept.forget
 	}
-	pl := newPool(log, m, pc, check, sel)
-	d := &daemon{cfg: cfg, log: log, reg: reg, pool: pl, heartbeat: newHeartbeat(cfg.LivenessThreshold), listen: lbAddr, hangups: hangups}
+	usable := make(chan struct{})
+	pl := newPool(log, m, pc, onFirstPass(check, usable), sel)
+	d := &daemon{cfg: cfg, log: log, reg: reg, pool: pl, heartbeat: newHeartbeat(cfg.LivenessThreshold), listen: lbAddr, hangups: hangups, usable: usable}
 	limit, limitBy := maxConnections(openFilesLimit(), memoryLimit())
 	d.proxy, d.limitBy = newProxy(log.With("component", "proxy"), m, pl, cfg.HealthTimeout, limit), limitBy
 	d.discovery = d.newDiscovery(m)
@@ -328,11 +357,11 @@ func (d *daemon) newDiscovery(m *metrics) *mergedProvider {
 	return newMergedProvider(log, m, d.cfg.Endpoints, cached, kp)
 }
 
-func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
-	d.logStart(lbLn.Addr().String(), healthLn.Addr().String())
-	mux := newHealthHandler(d.heartbeat.alive, d.pool.ready, d.reg)
+func (d *daemon) run(ctx context.Context) error {
+	d.logStart(d.lb.Addr().String(), d.health.Addr().String())
+	mux := newHealthHandler(d.heartbeat.alive, d.ready, d.reg)
 	mux.Handle("/upstreams", readOnly(upstreamsHandler(func() upstreamsDoc { return newUpstreamsDoc(d.cfg, d.pool.describe(d.discovery.sources())) })))
-	srv := newHealthServer(healthLn.Addr().String(), mux, d.log, d.proxy.m)
+	srv := newHealthServer(d.health.Addr().String(), mux, d.log, d.proxy.m)
 	// The static and cached endpoints are known before anything listens:
 	// the first client never finds the pool empty.
 	toCache := make(chan []string, 1)
@@ -343,11 +372,15 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	}
 	wg.Go(func() { d.discovery.run(ctx) })
 	served := make(chan struct{})
-	wg.Go(func() { d.proxy.serve(ctx, lbLn); close(served) })
+	wg.Go(func() { d.proxy.serve(ctx, d.lb); close(served) })
 	var healthErr error
-	wg.Go(func() { healthErr = serveHealth(ctx, srv, healthLn, d.log) })
+	wg.Go(func() { healthErr = serveHealth(ctx, srv, d.health, d.log) })
 	if d.handover != nil {
 		wg.Go(func() { d.handover.serve(ctx) })
+	}
+	if d.predecessor != nil {
+		wg.Go(func() { d.follow(ctx) })
+		wg.Go(func() { d.openOnUsable(ctx) })
 	}
 
 	d.loop(ctx, applied, toCache)
@@ -364,6 +397,13 @@ func (d *daemon) run(ctx context.Context, lbLn, healthLn net.Listener) error {
 	}
 	d.log.Info("stopped")
 	return errors.Join(err, healthErr)
+}
+
+// ready backs /readyz: an upstream is usable, and this instance takes
+// proxied connections, which a successor does only once its own check
+// passed one (openOnUsable).
+func (d *daemon) ready() bool {
+	return d.lb.isOpen() && d.pool.ready()
 }
 
 // waitShutdown runs wait, which waits for goroutines to end, for up to

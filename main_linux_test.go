@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -48,6 +49,23 @@ func startMain(t *testing.T, args ...string) *mainChild {
 // sockets from 3 up, with the LISTEN_* variables a service manager sets.
 func startMainPassing(t *testing.T, passed []*os.File, args ...string) *mainChild {
 	t.Helper()
+	mc, err := tryStartMain(t, func(cmd *exec.Cmd) {
+		if len(passed) > 0 {
+			cmd.ExtraFiles = passed
+			cmd.Env = append(cmd.Env, passFDsEnv+"="+strconv.Itoa(len(passed)))
+		}
+	}, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mc
+}
+
+// tryStartMain is startMain with adjust, if not nil, applied to the
+// command before it starts. A child that logs no start-up line is waited
+// for, and the error holds its log.
+func tryStartMain(t *testing.T, adjust func(*exec.Cmd), args ...string) (*mainChild, error) {
+	t.Helper()
 	bindPort, healthPort := freePort(t), freePort(t)
 	args = append([]string{"--enable-discovery=false", "--log-level", "debug",
 		"--bind-port", strconv.Itoa(bindPort), "--health-port", strconv.Itoa(healthPort)}, args...)
@@ -59,18 +77,17 @@ func startMainPassing(t *testing.T, passed []*os.File, args ...string) *mainChil
 	}
 	mc.cmd = exec.CommandContext(ctx, os.Args[0], "-test.run=^"+regexp.QuoteMeta(t.Name())+"$", "-test.v")
 	mc.cmd.Env = append(os.Environ(), mainArgsEnv+"="+strings.Join(args, "\n"))
-	if len(passed) > 0 {
-		mc.cmd.ExtraFiles = passed
-		mc.cmd.Env = append(mc.cmd.Env, passFDsEnv+"="+strconv.Itoa(len(passed)))
+	if adjust != nil {
+		adjust(mc.cmd)
 	}
 	mc.cmd.Stdout = &mc.stdout
 	logs, err := mc.cmd.StderrPipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	mc.logs, mc.closeLogs = bufio.NewReader(logs), logs.Close
 	if err := mc.cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	// The start-up line, after what comes before it: warnings of ignored
 	// settings, the sockets passed.
@@ -78,16 +95,18 @@ func startMainPassing(t *testing.T, passed []*os.File, args ...string) *mainChil
 	for len(before) < 5 {
 		line, err := mc.logs.ReadString('\n')
 		if err != nil {
-			t.Fatalf("log line %d: %v; before it: %q", len(before)+1, err, before)
+			werr := mc.cmd.Wait()
+			return nil, fmt.Errorf("log line %d: %w; exit: %v; before it: %q", len(before)+1, err, werr, before)
 		}
 		if strings.Contains(line, `"msg":"starting"`) {
 			mc.early = before
-			return mc
+			return mc, nil
 		}
 		before = append(before, line)
 	}
-	t.Fatalf("no start-up line in the first log lines %q", before)
-	return nil
+	_ = mc.cmd.Process.Kill()
+	_ = mc.cmd.Wait()
+	return nil, fmt.Errorf("no start-up line in the first log lines %q", before)
 }
 
 // logSeen returns a channel closed once the child logs a line containing

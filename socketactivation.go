@@ -16,6 +16,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // listenFDsStart is the first passed descriptor.
@@ -51,11 +53,24 @@ func activatedListeners(getenv func(string) string, first int) ([]*net.TCPListen
 }
 
 // tcpListenerFrom makes a listener of the passed descriptor fd, which it
-// closes, named name in errors.
+// closes, named name in errors. Only a listening stream socket will do:
+// net.FileListener takes a connected one too (systemd's Accept=yes passes
+// one), on which every accept fails with EINVAL for ever.
 func tcpListenerFrom(fd uintptr, name string) (*net.TCPListener, error) {
 	f := os.NewFile(fd, name)
-	ln, err := net.FileListener(f) // a duplicate; the passed descriptor is closed below
-	_ = f.Close()
+	defer f.Close()
+	typ, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE)
+	listening, lerr := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	switch {
+	case errors.Join(err, lerr) != nil:
+		return nil, fmt.Errorf("%s: want a listening TCP socket: %w", name, errors.Join(err, lerr))
+	case typ != unix.SOCK_STREAM:
+		return nil, fmt.Errorf("%s: want a listening TCP socket, not a datagram or other socket (type %d)", name, typ)
+	case listening == 0:
+		return nil, fmt.Errorf("%s: want a listening TCP socket, not one that does not listen, "+
+			"such as the connection a service manager passes with Accept=yes (want Accept=no)", name)
+	}
+	ln, err := net.FileListener(f) // a duplicate; the passed descriptor is closed on return
 	tl, ok := ln.(*net.TCPListener)
 	if err == nil && !ok {
 		_ = ln.Close()

@@ -138,15 +138,15 @@ func quietFor(c net.Conn) (quiet time.Duration, spoke, ok bool) {
 	return time.Duration(min(ti.Last_data_recv, ti.Last_data_sent)) * time.Millisecond, ti.Bytes_received > 0, true
 }
 
-// peerCred returns the user and process ID of the process that made or
-// accepted the unix connection rc, as the kernel recorded them.
-func peerCred(rc syscall.RawConn) (uid, pid int, err error) {
+// peerCred returns the user, group and process ID of the process that made
+// or accepted the unix connection rc, as the kernel recorded them.
+func peerCred(rc syscall.RawConn) (uid, gid, pid int, err error) {
 	var cred *unix.Ucred
 	cerr := rc.Control(func(fd uintptr) { cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
 	if err = errors.Join(cerr, err); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	return int(cred.Uid), int(cred.Pid), nil
+	return int(cred.Uid), int(cred.Gid), int(cred.Pid), nil
 }
 
 // socketUIDs returns the uid of the socket of this network namespace that

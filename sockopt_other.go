@@ -27,8 +27,8 @@ func quietFor(net.Conn) (time.Duration, bool, bool)       { return 0, false, fal
 func answeredFor(net.Conn) time.Duration                  { return 0 }
 
 // peerCred fails: the daemon hands its sockets over only on Linux.
-func peerCred(syscall.RawConn) (uid, pid int, err error) {
-	return 0, 0, errors.New("peer credentials are read on Linux only")
+func peerCred(syscall.RawConn) (uid, gid, pid int, err error) {
+	return 0, 0, 0, errors.New("peer credentials are read on Linux only")
 }
 
 // socketUIDs cannot ask: no connection gives way to share the slots.
