@@ -151,7 +151,19 @@ const (
 	rankUnread
 )
 
-var rankReasons = [...]string{rankStalled: reasonStalled, rankIdle: reasonIdle, rankBusy: reasonBusy, rankUnread: reasonNew}
+// rankReason is the reason connCap counts a close of a member of rank r
+// under: a new connection closed for want of another is counted as new.
+func rankReason(r int) string {
+	switch r {
+	case rankStalled:
+		return reasonStalled
+	case rankIdle:
+		return reasonIdle
+	case rankBusy:
+		return reasonBusy
+	}
+	return reasonNew
+}
 
 func newConnCap(limit int, log *slog.Logger, m *metrics) *connCap {
 	return &connCap{
@@ -228,7 +240,7 @@ func (cc *connCap) pickLocked(now time.Time) (net.Conn, string) {
 			pick, pickRank, pickSince = c, r, since
 		}
 	}
-	return pick, rankReasons[pickRank]
+	return pick, rankReason(pickRank)
 }
 
 // capRank places c, where s says it is, in connCap's order of closing at

@@ -24,8 +24,11 @@
 // this file, which wires them. Each feature beyond the spec has a file of
 // its own: hedge.go (retries, last resort, hedged dials), sweep.go (the
 // dead-connection sweep), limits.go (the connection bound), idle.go
-// (silent connections give way and time out), cache.go (the
-// endpoint cache), healthlimits.go (the health server under abuse),
+// (silent connections give way and time out), fairshare.go (at the bound,
+// the owner of the most slots gives one up), cache.go (the endpoint
+// cache), healthlimits.go (the health server under abuse),
+// socketactivation.go, handover.go, gate.go and handoverdir.go (sockets
+// that outlive the process), gracefulstop.go, rebalance.go,
 // ownlistener.go, status.go, check.go, version.go, log.go (logging that
 // never blocks) and sockopt_linux.go.
 //
