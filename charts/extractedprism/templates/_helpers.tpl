@@ -19,6 +19,11 @@ Kubernetes names stop at 63 characters.
 {{- end -}}
 {{- end -}}
 
+{{/* The namespace of the release's objects: namespaceOverride, else the release's. */}}
+{{- define "extractedprism.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
 {{/* Labels that select the pods; they must not change between upgrades. */}}
 {{- define "extractedprism.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "extractedprism.name" . }}
@@ -54,15 +59,17 @@ automountServiceAccountToken is true.
 
 {{/*
 "true" when the pod needs the service-account volume: discovery reads its
-token and CA, and the readyz check may read either. Without such a need
-the token stays out of the pod.
+token and CA, and the readyz check may read either; a sidecar may need it
+too (serviceAccount.automountServiceAccountToken). Without such a need the
+token stays out of the pod.
 */}}
 {{- define "extractedprism.automountToken" -}}
 {{- $dir := include "extractedprism.serviceAccountDir" . -}}
 {{- $readyz := eq .Values.healthCheck "readyz" -}}
 {{- $tokenForReadyz := and $readyz (eq .Values.readyz.credentials "serviceAccountToken") (hasPrefix $dir .Values.readyz.serviceAccountToken.path) -}}
 {{- $caForReadyz := and $readyz (hasPrefix $dir .Values.readyz.caFile) -}}
-{{- or .Values.discovery.enabled $tokenForReadyz $caForReadyz -}}
+{{- $own := dig "automountServiceAccountToken" false .Values.serviceAccount -}}
+{{- or .Values.discovery.enabled $tokenForReadyz $caForReadyz $own -}}
 {{- end -}}
 
 {{/*
@@ -121,6 +128,25 @@ verified.
 {{- else -}}
 {{ $repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The image pull secrets of the DaemonSet and the check Job, as a YAML list:
+global.imagePullSecrets, which a parent chart hands every subchart, then
+the chart's own, each name once. An entry is {name: <Secret>} or, as some
+parent charts write the global one, the bare name.
+*/}}
+{{- define "extractedprism.imagePullSecrets" -}}
+{{- $global := dig "imagePullSecrets" (list) (.Values.global | default dict) -}}
+{{- $names := list -}}
+{{- range concat $global (.Values.imagePullSecrets | default list) -}}
+{{- $name := . -}}
+{{- if kindIs "map" . }}{{ $name = .name }}{{ end -}}
+{{- $names = append $names $name -}}
+{{- end -}}
+{{- $secrets := list -}}
+{{- range $names | uniq }}{{ $secrets = append $secrets (dict "name" .) }}{{ end -}}
+{{- with $secrets }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
 {{/*
@@ -294,6 +320,9 @@ Each failure says what to do.
 {{- define "extractedprism.validate" -}}
 {{- if and .Values.metrics.expose .Values.healthBindAddress -}}
 {{- fail "metrics.expose binds the health server to the node IP: leave healthBindAddress empty, or set metrics.expose=false" -}}
+{{- end -}}
+{{- if and .Values.discovery.nodeRBAC (not .Values.rbac.create) -}}
+{{- fail "discovery.nodeRBAC creates a Role and RoleBinding, which rbac.create=false forbids: set rbac.create=true, or discovery.nodeRBAC=false and apply deploy/node-discovery-rbac.yaml yourself" -}}
 {{- end -}}
 {{- if and .Values.metrics.podMonitor.enabled (not .Values.metrics.expose) -}}
 {{- fail "metrics.podMonitor.enabled needs metrics.expose=true: Prometheus cannot scrape a health server bound to loopback" -}}
