@@ -120,6 +120,7 @@ func TestAPIServerAcceptsManifests(t *testing.T) {
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
 
 	installPodMonitorCRD(ctx, t, dyn, mapper)
+	createNamespaces(ctx, t, dyn, mapper, renders)
 
 	for name, docs := range renders {
 		t.Run("dry run "+name, func(t *testing.T) {
@@ -380,6 +381,7 @@ const podMonitorCRD = `{
             "type": "object",
             "required": ["selector"],
             "properties": {
+              "jobLabel": {"type": "string"},
               "selector": {
                 "type": "object",
                 "properties": {
@@ -403,7 +405,21 @@ const podMonitorCRD = `{
                           "action": {"type": "string", "enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase", "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]},
                           "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
                           "targetLabel": {"type": "string"},
-                          "replacement": {"type": "string"}
+                          "replacement": {"type": "string"},
+                          "regex": {"type": "string"}
+                        }
+                      }
+                    },
+                    "metricRelabelings": {
+                      "type": "array",
+                      "items": {
+                        "type": "object",
+                        "properties": {
+                          "action": {"type": "string", "enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase", "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]},
+                          "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+                          "targetLabel": {"type": "string"},
+                          "replacement": {"type": "string"},
+                          "regex": {"type": "string"}
                         }
                       }
                     }
@@ -417,6 +433,29 @@ const podMonitorCRD = `{
     }]
   }
 }`
+
+// createNamespaces creates every namespace the renders put objects in
+// (namespaceOverride's among them), as a cluster would have them before
+// the install: a dry run into a missing namespace fails.
+func createNamespaces(ctx context.Context, t *testing.T, dyn dynamic.Interface, mapper meta.RESTMapper, renders map[string][]*unstructured.Unstructured) {
+	t.Helper()
+	done := map[string]bool{}
+	for _, docs := range renders {
+		for _, obj := range docs {
+			name := obj.GetNamespace()
+			if name == "" || done[name] {
+				continue
+			}
+			done[name] = true
+			ns := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": name},
+			}}
+			if err := apply(ctx, dyn, mapper, ns, false); err != nil {
+				t.Fatalf("%v", err)
+			}
+		}
+	}
+}
 
 // installPodMonitorCRD creates the stand-in CRD and waits until the API
 // server serves PodMonitors.

@@ -50,7 +50,7 @@ func TestHelmLint(t *testing.T) {
 		}),
 		withEndpoints(map[string]any{"handover": map[string]any{"enabled": false}}),
 	} {
-		if out, err := runHelm(t, "lint", "--strict", chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion, "--values", valuesFile(t, values)); err != nil {
+		if out, err := runHelm(t, "lint", "--strict", chartDir, "--namespace", releaseNamespace, "--values", valuesFile(t, values)); err != nil {
 			t.Errorf("helm lint with %v: %v", values, err)
 		} else if !strings.Contains(out, "0 chart(s) failed") {
 			t.Errorf("helm lint output does not report success:\n%s", out)
@@ -133,6 +133,7 @@ func templateCases(appVersion string) []templateCase {
 					t.Errorf("imagePullPolicy = %q; want IfNotPresent", c.ImagePullPolicy)
 				}
 				checkNodeCritical(t, pod)
+				checkConventionDefaults(t, m)
 				if len(c.Args) != 0 || c.StartupProbe != nil {
 					t.Errorf("args %v, startupProbe %v; want none by default", c.Args, c.StartupProbe)
 				}
@@ -448,8 +449,13 @@ func templateCases(appVersion string) []templateCase {
 			name: "metrics exposed with a PodMonitor",
 			values: withEndpoints(map[string]any{
 				"metrics": map[string]any{
-					"expose":     true,
-					"podMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "prometheus"}},
+					"expose": true,
+					"podMonitor": map[string]any{
+						"enabled": true, "labels": map[string]any{"release": "prometheus"},
+						"scrapeTimeout": "5s", "jobLabel": "app.kubernetes.io/name",
+						"relabelings":       []any{map[string]any{"action": "labeldrop", "regex": "pod"}},
+						"metricRelabelings": []any{map[string]any{"action": "drop", "sourceLabels": []string{"__name__"}, "regex": "go_gc_.*"}},
+					},
 				},
 				// The declared port is a host port: no surge pod beside
 				// the old one.
@@ -494,9 +500,10 @@ func templateCases(appVersion string) []templateCase {
 					}
 				}
 				if len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Port != "metrics" || pm.Spec.PodMetricsEndpoints[0].Path != "/metrics" {
-					t.Errorf("podMetricsEndpoints = %+v; want port metrics, path /metrics", pm.Spec.PodMetricsEndpoints)
+					t.Fatalf("podMetricsEndpoints = %+v; want port metrics, path /metrics", pm.Spec.PodMetricsEndpoints)
 				}
 				checkPodMonitorLabels(t, pm, "")
+				checkPodMonitorConventions(t, pm)
 			},
 			readsNode: true,
 		},
@@ -608,6 +615,26 @@ func templateCases(appVersion string) []templateCase {
 			},
 		},
 		{
+			// A sidecar that reads the token, where the daemon reads none:
+			// serviceAccount.automountServiceAccountToken mounts it.
+			name: "a sidecar with the service-account token",
+			values: withEndpoints(map[string]any{
+				"healthCheck":    "tcp",
+				"discovery":      map[string]any{"enabled": false},
+				"serviceAccount": map[string]any{"automountServiceAccountToken": true},
+				"sidecars":       []any{map[string]any{"name": "token-reader", "image": "registry.example/token-reader:1"}},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				pod := m.DaemonSet.Spec.Template.Spec
+				if len(pod.Containers) != 2 || pod.Containers[1].Name != "token-reader" || pod.Containers[1].Image != "registry.example/token-reader:1" {
+					t.Errorf("containers %v; want the daemon's, then the sidecar token-reader", pod.Containers)
+				}
+				if !boolValue(pod.AutomountServiceAccountToken) || m.ServiceAccount == nil || !boolValue(m.ServiceAccount.AutomountServiceAccountToken) {
+					t.Errorf("pod automountServiceAccountToken %s, ServiceAccount %v; want both true", show(pod.AutomountServiceAccountToken), m.ServiceAccount)
+				}
+			},
+		},
+		{
 			// The upgrade whose old pods cannot hand over: the new pods
 			// serve hand-overs, the rollout does not surge.
 			name:   "handover without a surge",
@@ -622,6 +649,49 @@ func templateCases(appVersion string) []templateCase {
 				checkNoSurge(t, m, intstr.FromInt32(2))
 			},
 		},
+	}
+}
+
+// checkConventionDefaults checks the defaults of the values the
+// prometheus-community charts have too: the release's namespace,
+// Kubernetes' own history limit and grace period, nothing added.
+func checkConventionDefaults(t *testing.T, m *manifest) {
+	t.Helper()
+	ds, pod := m.DaemonSet, m.DaemonSet.Spec.Template.Spec
+	if ds.Namespace != releaseNamespace {
+		t.Errorf("DaemonSet namespace = %q; want the release's %q", ds.Namespace, releaseNamespace)
+	}
+	if show(ds.Spec.RevisionHistoryLimit) != "10" || show(pod.TerminationGracePeriodSeconds) != "30" {
+		t.Errorf("revisionHistoryLimit %s, terminationGracePeriodSeconds %s; want 10 and 30, Kubernetes' defaults",
+			show(ds.Spec.RevisionHistoryLimit), show(pod.TerminationGracePeriodSeconds))
+	}
+	if len(ds.Annotations) != 0 || len(pod.ImagePullSecrets) != 0 || len(pod.Containers) != 1 || len(pod.InitContainers) != 1 {
+		t.Errorf("DaemonSet annotations %v, imagePullSecrets %v, %d containers, %d init containers; want none, none, the daemon's, handover-dir",
+			ds.Annotations, pod.ImagePullSecrets, len(pod.Containers), len(pod.InitContainers))
+	}
+	if m.ServiceAccount == nil || m.ServiceAccount.AutomountServiceAccountToken == nil || *m.ServiceAccount.AutomountServiceAccountToken {
+		t.Errorf("ServiceAccount %v; want automountServiceAccountToken false, the pods deciding for themselves", m.ServiceAccount)
+	}
+}
+
+// checkPodMonitorConventions checks the PodMonitor values the
+// prometheus-community charts have too, as the PodMonitor case sets them:
+// the scrape timeout, the job label from a pod label, the values'
+// relabelings after the chart's (whose last is the node label's) and their
+// metric relabelings.
+func checkPodMonitorConventions(t *testing.T, pm *podMonitor) {
+	t.Helper()
+	ep := pm.Spec.PodMetricsEndpoints[0]
+	if ep.ScrapeTimeout != "5s" || pm.Spec.JobLabel != "app.kubernetes.io/name" {
+		t.Errorf("scrapeTimeout %q, jobLabel %q; want the values' 5s and app.kubernetes.io/name", ep.ScrapeTimeout, pm.Spec.JobLabel)
+	}
+	r := ep.Relabelings
+	if len(r) < 2 || r[len(r)-2].TargetLabel != "node" || r[len(r)-1].Action != "labeldrop" || r[len(r)-1].Regex != "pod" {
+		t.Errorf("relabelings = %+v; want the chart's node label, then the values' labeldrop of pod", r)
+	}
+	want := relabeling{Action: "drop", SourceLabels: []string{"__name__"}, Regex: "go_gc_.*"}
+	if mr := ep.MetricRelabelings; len(mr) != 1 || mr[0].Action != want.Action || !slices.Equal(mr[0].SourceLabels, want.SourceLabels) || mr[0].Regex != want.Regex {
+		t.Errorf("metricRelabelings = %+v; want [%+v]", mr, want)
 	}
 }
 
@@ -675,8 +745,10 @@ func checkHandover(t *testing.T, m *manifest) {
 	surge := ru != nil && ru.MaxSurge != nil && ru.MaxSurge.IntValue() != 0
 	socket, ok := envValues(t, c)["EP_HANDOVER_SOCKET"]
 	if !ok {
-		if len(pod.InitContainers) != 0 {
-			t.Errorf("init containers %v without EP_HANDOVER_SOCKET; want none", pod.InitContainers)
+		for _, ic := range pod.InitContainers {
+			if ic.Name == "handover-dir" {
+				t.Errorf("init container %s without EP_HANDOVER_SOCKET; want none", ic.Name)
+			}
 		}
 		for _, v := range pod.Volumes {
 			if v.Name == handoverVolume {
@@ -702,8 +774,9 @@ func checkHandover(t *testing.T, m *manifest) {
 		}
 	}
 
-	if len(pod.InitContainers) != 1 {
-		t.Fatalf("%d init containers; want the hand-over directory's only", len(pod.InitContainers))
+	// The chart's first, extraInitContainers after it.
+	if len(pod.InitContainers) == 0 {
+		t.Fatal("no init container; want the hand-over directory's first")
 	}
 	ic := &pod.InitContainers[0]
 	// The directory must end up the daemon's: the UID and GID its
@@ -1062,6 +1135,8 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "relative cache directory", values: withEndpoints(map[string]any{"discovery": map[string]any{"cache": map[string]any{"enabled": true, "hostPath": "var/lib"}}}), chart: []string{"'/discovery/cache/hostPath'"}},
 		{name: "image digest without its algorithm", values: withEndpoints(map[string]any{"image": map[string]any{"digest": "0123456789abcdef"}}), chart: []string{"'/image/digest'"}},
 		{name: "global image registry not a string", values: withEndpoints(map[string]any{"global": map[string]any{"imageRegistry": 5}}), chart: []string{"'/global/imageRegistry'", "want string"}},
+		{name: "global pull secrets as one string", values: withEndpoints(map[string]any{"global": map[string]any{"imagePullSecrets": "mirror-pull"}}), chart: []string{"'/global/imagePullSecrets'", "want array"}},
+		{name: "grace period shorter than the graceful stop", values: withEndpoints(map[string]any{"terminationGracePeriodSeconds": 10}), chart: []string{"'/terminationGracePeriodSeconds'", "minimum"}},
 		{name: "unknown probe field", values: withEndpoints(map[string]any{"livenessProbe": map[string]any{"period": 5}}), chart: []string{"at '/livenessProbe': additional properties 'period' not allowed"}},
 		{name: "extra arguments as one string", values: withEndpoints(map[string]any{"extraArgs": "--log-level=debug"}), chart: []string{"'/extraArgs'", "want array"}},
 		{name: "client certificate Secret with a bad name", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate", "clientCertificate": map[string]any{"secretName": "EP_Readyz"}}}), chart: []string{"'/readyz/clientCertificate/secretName'"}},
@@ -1072,6 +1147,7 @@ func TestTemplateRejects(t *testing.T) {
 		{name: "exposed metrics with a surging rollout", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true}}), chart: []string{"metrics.expose declares the health port", "set handover.surge=false or handover.enabled=false"}},
 		{name: "client certificate without a Secret", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate"}}), chart: []string{"readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName"}},
 		{name: "client certificate left null", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate", "clientCertificate": nil}}), chart: []string{"needs readyz.clientCertificate.secretName"}},
+		{name: "node RBAC without RBAC", values: withEndpoints(map[string]any{"rbac": map[string]any{"create": false}, "discovery": map[string]any{"nodeRBAC": true}}), chart: []string{"discovery.nodeRBAC creates a Role and RoleBinding, which rbac.create=false forbids"}},
 		{name: "existing service account without a name", values: withEndpoints(map[string]any{"serviceAccount": map[string]any{"create": false}}), chart: []string{"serviceAccount.name is required"}},
 
 		// The daemon's rules (config.go), as the check hook reports them.
@@ -1145,12 +1221,7 @@ func checkInvariants(t *testing.T, m *manifest) {
 	if ds == nil {
 		t.Fatal("no DaemonSet rendered")
 	}
-	if ds.Namespace != releaseNamespace {
-		t.Errorf("DaemonSet namespace = %q; want %q", ds.Namespace, releaseNamespace)
-	}
-	if m.ServiceAccount != nil && m.ServiceAccount.Namespace != releaseNamespace {
-		t.Errorf("ServiceAccount namespace = %q; want %q", m.ServiceAccount.Namespace, releaseNamespace)
-	}
+	checkNamespaces(t, m)
 	if sel, labels := ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels; len(sel) == 0 {
 		t.Error("DaemonSet selector is empty")
 	} else {
@@ -1176,8 +1247,9 @@ func checkInvariants(t *testing.T, m *manifest) {
 	if pod.DNSPolicy != corev1.DNSDefault {
 		t.Errorf("dnsPolicy = %q; want Default", pod.DNSPolicy)
 	}
-	if len(pod.Containers) != 1 {
-		t.Fatalf("%d containers; want 1", len(pod.Containers))
+	// The daemon's container first, sidecars after it.
+	if len(pod.Containers) == 0 || pod.Containers[0].Name != "extractedprism" {
+		t.Fatalf("containers %v; want extractedprism first", pod.Containers)
 	}
 	if pod.ServiceAccountName == "" {
 		t.Error("no serviceAccountName")
@@ -1287,6 +1359,31 @@ func checkInvariants(t *testing.T, m *manifest) {
 	}
 }
 
+// checkNamespaces checks that the objects of a release share the
+// DaemonSet's namespace, the release's or namespaceOverride, as does the
+// ServiceAccount the pods' RoleBinding names; the Roles stay in default
+// (checkInvariants).
+func checkNamespaces(t *testing.T, m *manifest) {
+	t.Helper()
+	ns := m.DaemonSet.Namespace
+	if ns == "" {
+		t.Error("DaemonSet has no namespace")
+	}
+	if m.ServiceAccount != nil && m.ServiceAccount.Namespace != ns {
+		t.Errorf("ServiceAccount namespace = %q; want the DaemonSet's %q", m.ServiceAccount.Namespace, ns)
+	}
+	if m.PodMonitor != nil && m.PodMonitor.Metadata.Namespace != ns {
+		t.Errorf("PodMonitor namespace = %q; want the DaemonSet's %q", m.PodMonitor.Metadata.Namespace, ns)
+	}
+	for _, binding := range m.RoleBindings {
+		for _, s := range binding.Subjects {
+			if s.Kind == rbacv1.ServiceAccountKind && s.Namespace != ns {
+				t.Errorf("RoleBinding %s names ServiceAccount %s/%s; want it in %q", binding.Name, s.Namespace, s.Name, ns)
+			}
+		}
+	}
+}
+
 // checkNodeCritical checks the defaults that keep the pods on every node
 // and last to be preempted.
 func checkNodeCritical(t *testing.T, pod corev1.PodSpec) {
@@ -1322,7 +1419,7 @@ func checkDiscoveryRBAC(t *testing.T, m *manifest) {
 	if binding.RoleRef != wantRef {
 		t.Errorf("roleRef = %+v; want %+v", binding.RoleRef, wantRef)
 	}
-	wantSubject := rbacv1.Subject{Kind: "ServiceAccount", Name: m.DaemonSet.Spec.Template.Spec.ServiceAccountName, Namespace: releaseNamespace}
+	wantSubject := rbacv1.Subject{Kind: "ServiceAccount", Name: m.DaemonSet.Spec.Template.Spec.ServiceAccountName, Namespace: m.DaemonSet.Namespace}
 	if !slices.Equal(binding.Subjects, []rbacv1.Subject{wantSubject}) {
 		t.Errorf("subjects = %+v; want [%+v]", binding.Subjects, wantSubject)
 	}

@@ -118,8 +118,8 @@ func checkFails(t *testing.T, m *manifest, want ...string) {
 func checkHookJob(t *testing.T, m *manifest) {
 	t.Helper()
 	job, ds := m.CheckJob, m.DaemonSet
-	if job.Namespace != releaseNamespace {
-		t.Errorf("check Job namespace = %q; want %q", job.Namespace, releaseNamespace)
+	if job.Namespace != ds.Namespace {
+		t.Errorf("check Job namespace = %q; want the DaemonSet's %q", job.Namespace, ds.Namespace)
 	}
 	for key, want := range map[string]string{
 		"helm.sh/hook": "pre-install,pre-upgrade",

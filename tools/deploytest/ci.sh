@@ -28,7 +28,9 @@ if [ ! -x "$HELM_DIR/helm" ]; then
 	echo "ci.sh: building helm $HELM_VERSION into $HELM_DIR"
 	mkdir -p "$HELM_DIR"
 	# A go-installed helm carries no version stamp: it reports "v3.22" and
-	# assumes Kubernetes v1.20, so the tests pass --kube-version.
+	# assumes Kubernetes v1.20. The tests pass no --kube-version, so a
+	# kubeVersion constraint in Chart.yaml that a user's from-source helm
+	# would refuse fails them here first.
 	GOBIN="$HELM_DIR" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
 export HELM="$HELM_DIR/helm"

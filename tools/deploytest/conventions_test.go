@@ -33,7 +33,7 @@ func ciValuesFiles(t *testing.T) []string {
 func TestHelmLintExamples(t *testing.T) {
 	for _, file := range ciValuesFiles(t) {
 		t.Run(filepath.Base(file), func(t *testing.T) {
-			out, err := runHelm(t, "lint", "--strict", chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion, "--values", file)
+			out, err := runHelm(t, "lint", "--strict", chartDir, "--namespace", releaseNamespace, "--values", file)
 			if err != nil {
 				t.Fatalf("%v", err)
 			}
@@ -77,8 +77,9 @@ func TestTemplateConventions(t *testing.T) {
 	if want := "registry.example/mirror/extractedprism@" + digest; c.Image != want {
 		t.Errorf("image = %q; want %q: the digest wins over the tag", c.Image, want)
 	}
-	if want := []corev1.LocalObjectReference{{Name: "mirror-credentials"}}; !slices.Equal(pod.ImagePullSecrets, want) {
-		t.Errorf("imagePullSecrets = %v; want %v", pod.ImagePullSecrets, want)
+	// global.imagePullSecrets first, a bare name among them, each name once.
+	if want := []corev1.LocalObjectReference{{Name: "platform-pull"}, {Name: "mirror-credentials"}}; !slices.Equal(pod.ImagePullSecrets, want) {
+		t.Errorf("imagePullSecrets = %v; want %v, global's and the chart's", pod.ImagePullSecrets, want)
 	}
 	wantTolerations := []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 	if !slices.Equal(pod.Tolerations, wantTolerations) {
@@ -134,8 +135,32 @@ func TestTemplateConventions(t *testing.T) {
 		t.Errorf("startupProbe = %+v; want GET /healthz on 127.0.0.1 every 1 s, 30 failures", sp)
 	}
 
+	checkCommunityConventions(t, m)
+
 	// The check runs with the same arguments and environment, and passes.
 	checkPasses(t, m)
+}
+
+// checkCommunityConventions checks the values of the conventions file that
+// the prometheus-community charts have too (their pull secrets apart).
+func checkCommunityConventions(t *testing.T, m *manifest) {
+	t.Helper()
+	ds, pod := m.DaemonSet, m.DaemonSet.Spec.Template.Spec
+	if ds.Namespace != "node-proxies" || m.ServiceAccount == nil || m.ServiceAccount.Namespace != "node-proxies" || m.CheckJob.Namespace != "node-proxies" {
+		t.Errorf("DaemonSet in %q, ServiceAccount %v, check Job in %q; want all in namespaceOverride node-proxies", ds.Namespace, m.ServiceAccount, m.CheckJob.Namespace)
+	}
+	if ds.Annotations["example.com/change"] != "OPS-1234" || ds.Spec.Template.Annotations["example.com/change"] != "" {
+		t.Errorf("DaemonSet annotations %v, pod annotations %v; want daemonsetAnnotations on the DaemonSet only", ds.Annotations, ds.Spec.Template.Annotations)
+	}
+	if show(ds.Spec.RevisionHistoryLimit) != "3" || show(pod.TerminationGracePeriodSeconds) != "45" {
+		t.Errorf("revisionHistoryLimit %s, terminationGracePeriodSeconds %s; want 3 and 45", show(ds.Spec.RevisionHistoryLimit), show(pod.TerminationGracePeriodSeconds))
+	}
+	if ics := pod.InitContainers; len(ics) != 2 || ics[0].Name != "handover-dir" || ics[1].Name != "sysctl-check" {
+		t.Errorf("init containers %v; want handover-dir, then extraInitContainers' sysctl-check", ics)
+	}
+	if len(m.Roles) != 0 || len(m.RoleBindings) != 0 {
+		t.Errorf("%d Roles, %d RoleBindings with rbac.create=false; want none", len(m.Roles), len(m.RoleBindings))
+	}
 }
 
 // TestTemplateExtraArgsWinOverEnv checks that a flag from extraArgs beats
@@ -180,17 +205,18 @@ func renderAsSubchart(t *testing.T, parentValues map[string]any) string {
 	if out, err := runHelm(t, "dependency", "build", parent); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	out, err := runHelm(t, "template", "platform", parent, "--namespace", releaseNamespace, "--kube-version", kubeVersion)
+	out, err := runHelm(t, "template", "platform", parent, "--namespace", releaseNamespace)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
 	return out
 }
 
-// subchartValues is a parent's values: a global registry mirror, globals
-// of its own that the chart must accept, and the chart's block.
+// subchartValues is a parent's values: a global registry mirror and its
+// pull secret, globals of its own that the chart must accept, and the
+// chart's block.
 var subchartValues = map[string]any{
-	"global": map[string]any{"imageRegistry": "mirror.example", "storageClass": "fast"},
+	"global": map[string]any{"imageRegistry": "mirror.example", "imagePullSecrets": []any{map[string]any{"name": "mirror-pull"}}, "storageClass": "fast"},
 	"extractedprism": map[string]any{
 		"endpoints":    exampleEndpoints,
 		"commonLabels": map[string]any{"umbrella": "platform"},
@@ -210,6 +236,10 @@ func TestTemplateAsSubchart(t *testing.T) {
 	}
 	if want := "mirror.example/extractedprism/extractedprism:" + chartAppVersion(t); c.Image != want {
 		t.Errorf("image = %q; want %q, global.imageRegistry in place of image.registry", c.Image, want)
+	}
+	// The check Job's are the DaemonSet's (checkHookJob).
+	if want := []corev1.LocalObjectReference{{Name: "mirror-pull"}}; !slices.Equal(m.DaemonSet.Spec.Template.Spec.ImagePullSecrets, want) {
+		t.Errorf("imagePullSecrets = %v; want %v, global.imagePullSecrets", m.DaemonSet.Spec.Template.Spec.ImagePullSecrets, want)
 	}
 	if m.DaemonSet.Name != "platform-extractedprism" {
 		t.Errorf("DaemonSet name = %q; want platform-extractedprism, the parent's release name", m.DaemonSet.Name)

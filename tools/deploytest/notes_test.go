@@ -32,7 +32,7 @@ data:
 `
 	writeFile(t, filepath.Join(dir, "notes-under-test.txt"), notes)
 	writeFile(t, filepath.Join(dir, "templates", "notes-under-test.yaml"), []byte(wrapper))
-	args := []string{"template", releaseName, dir, "--namespace", releaseNamespace, "--kube-version", kubeVersion,
+	args := []string{"template", releaseName, dir, "--namespace", releaseNamespace,
 		"--values", valuesFile(t, values), "--show-only", "templates/notes-under-test.yaml"}
 	out, err := runHelm(t, args...)
 	if err != nil {

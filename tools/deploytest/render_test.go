@@ -44,11 +44,6 @@ const (
 	// helmVersion is the helm ci.sh builds; findHelm looks for it in the
 	// same cache when $HELM is not set.
 	helmVersion = "v3.22.0"
-
-	// kubeVersion is the Kubernetes version helm template assumes. A helm
-	// built with go install reports v1.20.0 by default, older than the
-	// chart's kubeVersion constraint.
-	kubeVersion = "1.37.2"
 )
 
 // Paths relative to this package's directory, where go test runs.
@@ -162,7 +157,7 @@ func valuesFile(t *testing.T, values map[string]any) string {
 // extra arguments.
 func templateArgs(t *testing.T, values map[string]any, extra ...string) []string {
 	t.Helper()
-	args := []string{"template", releaseName, chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion}
+	args := []string{"template", releaseName, chartDir, "--namespace", releaseNamespace}
 	if values != nil {
 		args = append(args, "--values", valuesFile(t, values))
 	}
@@ -186,15 +181,17 @@ type podMonitor struct {
 		Labels    map[string]string `json:"labels"`
 	} `json:"metadata"`
 	Spec struct {
+		JobLabel string `json:"jobLabel"`
 		Selector struct {
 			MatchLabels map[string]string `json:"matchLabels"`
 		} `json:"selector"`
 		PodMetricsEndpoints []struct {
-			Port          string       `json:"port"`
-			Path          string       `json:"path"`
-			Interval      string       `json:"interval"`
-			ScrapeTimeout string       `json:"scrapeTimeout"`
-			Relabelings   []relabeling `json:"relabelings"`
+			Port              string       `json:"port"`
+			Path              string       `json:"path"`
+			Interval          string       `json:"interval"`
+			ScrapeTimeout     string       `json:"scrapeTimeout"`
+			Relabelings       []relabeling `json:"relabelings"`
+			MetricRelabelings []relabeling `json:"metricRelabelings"`
 		} `json:"podMetricsEndpoints"`
 	} `json:"spec"`
 }
@@ -206,6 +203,7 @@ type relabeling struct {
 	SourceLabels []string `json:"sourceLabels"`
 	TargetLabel  string   `json:"targetLabel"`
 	Replacement  *string  `json:"replacement"`
+	Regex        string   `json:"regex"`
 }
 
 // manifest is one render, decoded. Every document must be of a kind the
