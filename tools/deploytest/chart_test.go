@@ -666,7 +666,7 @@ func checkConventionDefaults(t *testing.T, m *manifest) {
 			show(ds.Spec.RevisionHistoryLimit), show(pod.TerminationGracePeriodSeconds))
 	}
 	if len(ds.Annotations) != 0 || len(pod.ImagePullSecrets) != 0 || len(pod.Containers) != 1 || len(pod.InitContainers) != 1 {
-		t.Errorf("DaemonSet annotations %v, imagePullSecrets %v, %d containers, %d init containers; want none, none, the daemon's, handover-dir",
+		t.Errorf("DaemonSet annotations %v, imagePullSecrets %v, %d containers, %d init containers; want no annotations and no pull secrets, one container and handover-dir only",
 			ds.Annotations, pod.ImagePullSecrets, len(pod.Containers), len(pod.InitContainers))
 	}
 	if m.ServiceAccount == nil || m.ServiceAccount.AutomountServiceAccountToken == nil || *m.ServiceAccount.AutomountServiceAccountToken {
