@@ -33,9 +33,10 @@ func runSub(cmd string, args []string, env map[string]string) (string, error) {
 	return out.String(), err
 }
 
-// check accepts what a start would accept, lists the settings that would
-// have no effect as warnings, and binds nothing: it passes with both ports
-// held by someone else, where a start fails.
+// check accepts what a start would accept, lists what a start would warn
+// of (settings without effect, unknown EP_ variables, a kubeconfig that does
+// not load) as warnings, exiting 0, and binds nothing: it passes with both
+// ports held by someone else, where a start fails.
 func TestRunCheckAcceptsValidConfiguration(t *testing.T) {
 	bindPort, healthPort := heldPorts(t)
 	ports := []string{"--bind-port", bindPort, "--health-port", healthPort}
