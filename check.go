@@ -22,37 +22,37 @@ import (
 // without effect, EP_ variables no flag reads, and a kubeconfig that does
 // not load here. Other files the settings name are read at start,
 // not here: they may exist only on the node.
-func check(args []string, getenv func(string) string, environ []string, stdout io.Writer) error {
-	cfg, warnings, err := configure(args, getenv, environ, stdout)
-	if cfg == nil {
-		return err
+func check(args []string, getenv func(string) string, environ func() []string, stdout io.Writer) error {
+	cfg, err := parseConfig(args, getenv, stdout)
+	if err != nil {
+		return configError(err, environ)
 	}
-	for _, ig := range append(warnings, cfg.kubeconfigWarning()...) {
+	for _, ig := range append(cfg.warnings(environ), cfg.kubeconfigWarning()...) {
 		fmt.Fprintln(stdout, "warning:", ig)
 	}
 	fmt.Fprintln(stdout, "extractedprism check: configuration is valid")
 	return nil
 }
 
-// configure is parseConfig and the warnings a start gives before it
-// listens: ignoredSettings and unknownVariables. A refused configuration's
-// error names the unknown variables too: EP_ENDPOINT, a typo, is why
-// --endpoints is empty. The config is nil after an error, --help or
-// --version, which are not errors.
-func configure(args []string, getenv func(string) string, environ []string, out io.Writer) (*config, []ignoredSetting, error) {
-	cfg, err := parseConfig(args, getenv, out)
+// configError is what a start, or check, returns for parseConfig's error
+// err: nil after --help or --version, else err and the unknown EP_
+// variables, as one of them may be why: EP_ENDPOINT, a typo, leaves
+// --endpoints empty.
+func configError(err error, environ func() []string) error {
 	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errVersionShown) {
-		return nil, nil, nil
+		return nil
 	}
-	unknown := unknownVariables(environ)
-	if err != nil {
-		errs := []error{err}
-		for _, ig := range unknown {
-			errs = append(errs, errors.New(ig.String()))
-		}
-		return nil, nil, errors.Join(errs...)
+	errs := []error{err}
+	for _, ig := range unknownVariables(environ()) {
+		errs = append(errs, errors.New(ig.String()))
 	}
-	return cfg, append(cfg.ignoredSettings(), unknown...), nil
+	return errors.Join(errs...)
+}
+
+// warnings lists what a start warns of before it listens: settings without
+// effect and EP_ variables no flag reads.
+func (c *config) warnings(environ func() []string) []ignoredSetting {
+	return append(c.ignoredSettings(), unknownVariables(environ())...)
 }
 
 // kubeconfigWarning says why --kubeconfig does not load here, as a start

@@ -134,14 +134,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, environ
 		case "status":
 			return status(ctx, args[1:], getenv, stdout)
 		case "check":
-			return check(args[1:], getenv, environ(), stdout)
+			return check(args[1:], getenv, environ, stdout)
 		case "handover-dir":
 			return handoverDir(args[1:], stdout)
 		}
 	}
-	cfg, warnings, err := configure(args, getenv, environ(), stdout)
-	if cfg == nil {
-		return err
+	cfg, err := parseConfig(args, getenv, stdout)
+	if err != nil {
+		return configError(err, environ)
 	}
 	// Readyz probes need their CA from the first probe, unlike a credential,
 	// which may appear later: an unreadable one fails start-up. Probes still
@@ -160,7 +160,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, environ
 	hangups := make(chan os.Signal, 1)
 	signal.Notify(hangups, syscall.SIGHUP)
 	defer signal.Stop(hangups)
-	for _, ig := range warnings {
+	for _, ig := range cfg.warnings(environ) {
 		log.Warn("setting has no effect", "setting", ig.setting, "because", ig.because)
 	}
 	s, err := sockets(ctx, cfg, getenv, log)
