@@ -29,13 +29,14 @@ func heldPorts(t *testing.T) (string, string) {
 // returns its output and error.
 func runSub(cmd string, args []string, env map[string]string) (string, error) {
 	var out bytes.Buffer
-	err := run(context.Background(), append([]string{cmd}, args...), envOf(env), &out, &out)
+	err := run(context.Background(), append([]string{cmd}, args...), envOf(env), environOf(env), &out, &out)
 	return out.String(), err
 }
 
-// check accepts what a start would accept, lists the settings that would
-// have no effect as warnings, and binds nothing: it passes with both ports
-// held by someone else, where a start fails.
+// check accepts what a start would accept, lists what a start would warn
+// of (settings without effect, unknown EP_ variables, a kubeconfig that does
+// not load) as warnings, exiting 0, and binds nothing: it passes with both
+// ports held by someone else, where a start fails.
 func TestRunCheckAcceptsValidConfiguration(t *testing.T) {
 	bindPort, healthPort := heldPorts(t)
 	ports := []string{"--bind-port", bindPort, "--health-port", healthPort}
@@ -52,6 +53,14 @@ func TestRunCheckAcceptsValidConfiguration(t *testing.T) {
 			map[string]string{"EP_HEALTH_CHECK_TOKEN_FILE": "/token"},
 			"warning: --health-check-token-file (EP_HEALTH_CHECK_TOKEN_FILE) has no effect: --health-check (EP_HEALTH_CHECK) is tcp\n" +
 				"warning: --kubeconfig (EP_KUBECONFIG) has no effect: --enable-discovery (EP_ENABLE_DISCOVERY) is false\n" + valid},
+		{"unknown variables", []string{"--endpoints", testEndpoint},
+			map[string]string{"EP_HEALTH_CHEK": "readyz", "EP_SERVICE_HOST": "10.96.0.1", "HOME": "/root"},
+			"warning: EP_HEALTH_CHEK has no effect: no flag reads it; did you mean EP_HEALTH_CHECK?\n" +
+				"warning: EP_SERVICE_HOST has no effect: no flag reads it\n" + valid},
+		// A start retries it: a warning, as start gives.
+		{"kubeconfig does not load", []string{"--endpoints", testEndpoint, "--kubeconfig", "/nonexistent/kubelet.conf"}, nil,
+			"warning: --kubeconfig (EP_KUBECONFIG) has no effect: it does not load here: load kubeconfig /nonexistent/kubelet.conf: " +
+				"stat /nonexistent/kubelet.conf: no such file or directory; a start retries it, serving the static endpoints meanwhile\n" + valid},
 		// Files are read at start, on the node; the chart's hook runs
 		// elsewhere.
 		{"files not read", []string{"--endpoints", testEndpoint, "--health-check", "readyz",
@@ -69,7 +78,7 @@ func TestRunCheckAcceptsValidConfiguration(t *testing.T) {
 		})
 	}
 	// The ports are held: a start with the same settings cannot listen.
-	err := run(context.Background(), append([]string{"--endpoints", testEndpoint}, ports...), envOf(nil), &bytes.Buffer{}, &bytes.Buffer{})
+	err := run(context.Background(), append([]string{"--endpoints", testEndpoint}, ports...), envOf(nil), environOf(nil), &bytes.Buffer{}, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "address already in use") {
 		t.Errorf("start on the held ports: got %v; want address already in use", err)
 	}
@@ -94,6 +103,9 @@ func TestRunCheckRefusesWithTheDaemonsMessage(t *testing.T) {
 			map[string]string{"EP_LIVENESS_INTERVAL": "often"},
 			`--drain-timeout (EP_DRAIN_TIMEOUT): invalid duration "soon"` + "\n" + `EP_LIVENESS_INTERVAL (--liveness-interval): invalid duration "often"`},
 		{"no endpoints", nil, nil, "--endpoints (EP_ENDPOINTS) must not be empty"},
+		{"typo named", nil, map[string]string{"EP_ENDPOINT": testEndpoint},
+			"--endpoints (EP_ENDPOINTS) must not be empty: want a comma-separated list of host:port\n" +
+				"EP_ENDPOINT has no effect: no flag reads it; did you mean EP_ENDPOINTS?"},
 		{"unknown flag", []string{"--endpoints", testEndpoint, "--endpoint", testEndpoint}, nil,
 			"flag provided but not defined: -endpoint (--help lists the flags)"},
 		{"argument", []string{"--endpoints", testEndpoint, "10.0.0.2:6443"}, nil, `unexpected argument "10.0.0.2:6443"`},
@@ -108,10 +120,50 @@ func TestRunCheckRefusesWithTheDaemonsMessage(t *testing.T) {
 			if strings.Contains(out, "valid") {
 				t.Errorf("check output: got %q; want no verdict of valid", out)
 			}
-			startErr := run(context.Background(), args, envOf(tt.env), &bytes.Buffer{}, &bytes.Buffer{})
+			startErr := run(context.Background(), args, envOf(tt.env), environOf(tt.env), &bytes.Buffer{}, &bytes.Buffer{})
 			if startErr == nil || startErr.Error() != err.Error() {
 				t.Errorf("check and start disagree: check %q; start %v", err, startErr)
 			}
 		})
+	}
+}
+
+// An EP_ variable no flag reads is named, with the one it is a typo of
+// when one is near; other variables are not the daemon's.
+func TestUnknownVariables(t *testing.T) {
+	tests := []struct {
+		environ []string
+		want    []string // "NAME: because"
+	}{
+		{[]string{"EP_HEALTH_CHEK=readyz"}, []string{"EP_HEALTH_CHEK: no flag reads it; did you mean EP_HEALTH_CHECK?"}},
+		{[]string{"EP_BIND_PROT=7445"}, []string{"EP_BIND_PROT: no flag reads it; did you mean EP_BIND_PORT?"}},
+		{[]string{"EP_HEALTHCHECK_CA_FILE=/ca"}, []string{"EP_HEALTHCHECK_CA_FILE: no flag reads it; did you mean EP_HEALTH_CHECK_CA_FILE?"}},
+		{[]string{"EP_LIVENESS_TRESHOLD=20s", "EP_ENDPOINT=x"}, []string{
+			"EP_ENDPOINT: no flag reads it; did you mean EP_ENDPOINTS?",
+			"EP_LIVENESS_TRESHOLD: no flag reads it; did you mean EP_LIVENESS_THRESHOLD?"}},
+		// Far from every flag's variable: a suggestion would be a guess.
+		{[]string{"EP_SERVICE_HOST=10.96.0.1", "EP_PORT=tcp://10.96.0.1:443", "EP_VERSION=1"}, []string{
+			"EP_PORT: no flag reads it", "EP_SERVICE_HOST: no flag reads it", "EP_VERSION: no flag reads it"}},
+		{[]string{"EP_HEALTH_CHECK=readyz", "EP_ENDPOINTS=", "HEALTH_CHEK=1", "ep_health_chek=1", "PATH=/bin"}, nil},
+	}
+	for _, tt := range tests {
+		var got []string
+		for _, ig := range unknownVariables(tt.environ) {
+			got = append(got, ig.setting+": "+ig.because)
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%q: got %q; want %q", tt.environ, got, tt.want)
+		}
+	}
+}
+
+func TestEditDistance(t *testing.T) {
+	for _, tt := range []struct {
+		a, b string
+		want int
+	}{{"", "", 0}, {"", "abc", 3}, {"abc", "", 3}, {"kitten", "sitting", 3}, {"CHEK", "CHECK", 1}, {"PROT", "PORT", 2}} {
+		if got := editDistance(tt.a, tt.b); got != tt.want {
+			t.Errorf("editDistance(%q, %q): got %d; want %d", tt.a, tt.b, got, tt.want)
+		}
 	}
 }

@@ -90,13 +90,13 @@ func parseConfig(args []string, getenv func(string) string, out io.Writer) (*con
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if err := errors.Join(refused.take(flagRef), applyEnv(fs, getenv, set, refused)); err != nil {
-		return nil, err
-	}
+	refusedErr := errors.Join(refused.take(flagRef), applyEnv(fs, getenv, set, refused))
 	if !set["health-bind-address"] {
 		cfg.HealthBindAddress = cfg.BindAddress
 	}
-	if err := cfg.validate(); err != nil {
+	// Validated after refusals too: every bad value in one run, not some
+	// only once the others are fixed.
+	if err := errors.Join(refusedErr, cfg.validate(slices.Collect(maps.Keys(refused))...)); err != nil {
 		return nil, err
 	}
 	return cfg, nil
@@ -192,14 +192,17 @@ func lenient(fs *flag.FlagSet) refusals {
 	return r
 }
 
-// take returns an error for each refused value, naming its flag with ref,
-// and forgets them.
+// take returns an error for each value refused since the last take,
+// naming its flag with ref. The flag stays in r, without text, for
+// validate to leave alone.
 func (r refusals) take(ref func(string) string) error {
-	errs := make([]error, 0, len(r))
+	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(r)) {
-		errs = append(errs, fmt.Errorf("%s: %s", ref(name), r[name]))
+		if r[name] != "" {
+			errs = append(errs, fmt.Errorf("%s: %s", ref(name), r[name]))
+			r[name] = ""
+		}
 	}
-	clear(r)
 	return errors.Join(errs...)
 }
 
@@ -247,6 +250,7 @@ func printUsage(w io.Writer) {
 		"\nUsage: extractedprism check [flags]\n\n"+
 		"Reads the flags and EP_ variables as a start would and exits 0 if the daemon\n"+
 		"would start with them, or 1 with the message it would stop with; binds nothing.\n"+
+		"What a start would warn of, it prints as warnings, which do not fail it.\n"+
 		"\nUsage: extractedprism handover-dir --uid UID --gid GID DIRECTORY\n\n"+
 		"Run as root: makes DIRECTORY, for --handover-socket, the daemon user's, mode 0700.\n")
 }
@@ -308,13 +312,26 @@ func (p *portNumber) Set(s string) error {
 	return nil
 }
 
-// violations collects the errors of validate.
-type violations []error
+// violations collects the errors of validate, except those naming a flag
+// whose value was refused: it holds its default, not what was given, and
+// "--health-timeout must be less than --health-interval" against a default
+// the operator never chose would mislead.
+type violations struct {
+	errs    []error
+	refused []string // flag names
+}
 
 // addf records the error flagError(name, format, args...) when bad.
 func (v *violations) addf(bad bool, name, format string, args ...any) {
 	if bad {
-		*v = append(*v, flagError(name, format, args...))
+		v.add(flagError(name, format, args...))
+	}
+}
+
+// add records err unless it is nil or names a refused flag.
+func (v *violations) add(err error) {
+	if err != nil && !slices.ContainsFunc(v.refused, func(name string) bool { return strings.Contains(err.Error(), flagRef(name)) }) {
+		v.errs = append(v.errs, err)
 	}
 }
 
@@ -323,13 +340,13 @@ const hostRule = "must be an IP address or RFC 1123 hostname: got %q"
 
 // validate checks every rule of the configuration and normalizes
 // Endpoints. It reports every violation, one line each, naming the flag and
-// its variable and saying what is allowed.
-func (c *config) validate() error {
-	var v violations
+// its variable and saying what is allowed, except of the refused flags.
+func (c *config) validate(refused ...string) error {
+	v := violations{refused: refused}
 	c.validateAddresses(&v)
 	c.validateTimings(&v)
 	c.validateModes(&v)
-	return errors.Join(v...)
+	return errors.Join(v.errs...)
 }
 
 func (c *config) validateAddresses(v *violations) {
@@ -341,7 +358,7 @@ func (c *config) validateAddresses(v *violations) {
 		c.Endpoints = endpoints
 		err = c.checkOwnListener()
 	}
-	*v = append(*v, err) // nil if both passed, which errors.Join drops
+	v.add(err) // nil if both passed
 	v.addf(c.BindPort < 1 || c.BindPort > 65535, "bind-port", "must be in 1-65535: got %d", c.BindPort)
 	v.addf(c.HealthPort < 1 || c.HealthPort > 65535, "health-port", "must be in 1-65535: got %d", c.HealthPort)
 	// sun_path holds 108 bytes with the NUL, and a hand-over socket is first

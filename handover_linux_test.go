@@ -257,7 +257,7 @@ func TestHandoverDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := run(t.Context(), []string{"handover-dir", "--uid", "65534", "--gid", "65533", dir}, os.Getenv, &out, io.Discard); err != nil {
+	if err := run(t.Context(), []string{"handover-dir", "--uid", "65534", "--gid", "65533", dir}, os.Getenv, os.Environ, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(dir)
@@ -272,7 +272,7 @@ func TestHandoverDir(t *testing.T) {
 		t.Errorf("output %q", out.String())
 	}
 	for _, args := range [][]string{{dir}, {"--uid", "1", dir}, {"--uid", "1", "--gid", "1"}, {"--uid", "1", "--gid", "1", filepath.Join(dir, "x", "y")}} {
-		if err := run(t.Context(), append([]string{"handover-dir"}, args...), os.Getenv, io.Discard, io.Discard); err == nil {
+		if err := run(t.Context(), append([]string{"handover-dir"}, args...), os.Getenv, os.Environ, io.Discard, io.Discard); err == nil {
 			t.Errorf("handover-dir %q: no error", args)
 		}
 	}

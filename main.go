@@ -11,8 +11,9 @@
 //
 // Every flag has an EP_* variable (--bind-port is EP_BIND_PORT); a flag
 // wins over its variable, which wins over the default; --help lists them.
-// Invalid values stop the program before it listens, each named by flag
-// and variable; a setting without effect is a warning.
+// Invalid values stop the program before it listens, all named at once by
+// flag and variable; a setting without effect, or an EP_ variable no flag
+// reads, is a warning.
 //
 // # Reading order
 //
@@ -93,7 +94,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -116,7 +116,7 @@ func main() {
 	// With the handler gone after the first signal, a second one ends the
 	// process at once, as an operator pressing ^C twice expects.
 	context.AfterFunc(ctx, stop)
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Environ, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
 		writeExitError(os.Stderr, err)
@@ -125,24 +125,23 @@ func main() {
 }
 
 // run runs the command args name until ctx is done: the daemon, or the
-// check, status or handover-dir subcommand. Help and version output are not errors.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// check, status or handover-dir subcommand. Help and version output are not
+// errors. The environment is read through getenv; environ lists it, for the
+// warning of EP_ variables no flag reads.
+func run(ctx context.Context, args []string, getenv func(string) string, environ func() []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 {
 		switch args[0] {
 		case "status":
 			return status(ctx, args[1:], getenv, stdout)
 		case "check":
-			return check(args[1:], getenv, stdout)
+			return check(args[1:], getenv, environ, stdout)
 		case "handover-dir":
 			return handoverDir(args[1:], stdout)
 		}
 	}
 	cfg, err := parseConfig(args, getenv, stdout)
-	if errors.Is(err, flag.ErrHelp) || errors.Is(err, errVersionShown) {
-		return nil
-	}
 	if err != nil {
-		return err
+		return configError(err, environ)
 	}
 	// Readyz probes need their CA from the first probe, unlike a credential,
 	// which may appear later: an unreadable one fails start-up. Probes still
@@ -161,8 +160,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	hangups := make(chan os.Signal, 1)
 	signal.Notify(hangups, syscall.SIGHUP)
 	defer signal.Stop(hangups)
-	for _, ig := range cfg.ignoredSettings() {
-		log.Warn("setting has no effect", "setting", flagRef(ig.flag), "because", ig.because)
+	for _, ig := range cfg.warnings(environ) {
+		log.Warn("setting has no effect", "setting", ig.setting, "because", ig.because)
 	}
 	s, err := sockets(ctx, cfg, getenv, log)
 	if err != nil {

@@ -171,6 +171,13 @@ func runMainIfChild() bool {
 		_ = os.Setenv("LISTEN_FDS", n)
 		_ = os.Setenv("LISTEN_PID", strconv.Itoa(os.Getpid()))
 	}
+	// The harness's variables are not the daemon's, which warns of an EP_
+	// variable no flag reads.
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "EP_TEST_") {
+			_ = os.Unsetenv(name)
+		}
+	}
 	os.Args = append([]string{"extractedprism"}, strings.Split(args, "\n")...)
 	main()
 	return true

@@ -111,7 +111,7 @@ func startDaemonOut(t *testing.T, out io.Writer, logs *syncBuffer, env map[strin
 	ctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	getenv := func(k string) string { return env[k] }
-	go func() { d.done <- run(ctx, args, getenv, out, out) }()
+	go func() { d.done <- run(ctx, args, getenv, environOf(env), out, out) }()
 	t.Cleanup(func() {
 		d.stop(t)
 		if t.Failed() {
@@ -204,12 +204,13 @@ func TestRunProxiesAndReports(t *testing.T) {
 
 // The environment configures the daemon as flags do, and a setting
 // without effect is a warning: startDaemon turns discovery off, so a
-// kubeconfig does nothing.
+// kubeconfig does nothing, and no flag reads a misspelt variable.
 func TestRunEnvironmentConfiguresDaemon(t *testing.T) {
 	a := startUpstream(t, echo)
-	d := startDaemon(t, map[string]string{"EP_ENDPOINTS": a.addr, "EP_KUBECONFIG": "/nonexistent"})
+	d := startDaemon(t, map[string]string{"EP_ENDPOINTS": a.addr, "EP_KUBECONFIG": "/nonexistent", "EP_DRAIN_TIMOUT": "1s"})
 	d.echoThrough(t, "env")
 	d.waitForLog(t, `"msg":"setting has no effect","setting":"--kubeconfig (EP_KUBECONFIG)"`)
+	d.waitForLog(t, `"msg":"setting has no effect","setting":"EP_DRAIN_TIMOUT","because":"no flag reads it; did you mean EP_DRAIN_TIMEOUT?"`)
 }
 
 // run refuses a bad configuration before anything listens, with an error
@@ -241,7 +242,7 @@ func TestRunRefusesToStart(t *testing.T) {
 		bindPort := strconv.Itoa(freePort(t))
 		args := slices.Concat([]string{"--endpoints", "127.0.0.1:6443", "--enable-discovery=false",
 			"--bind-port", bindPort, "--health-port", strconv.Itoa(freePort(t))}, tt.args)
-		err := run(context.Background(), args, envOf(nil), io.Discard, io.Discard)
+		err := run(context.Background(), args, envOf(nil), environOf(nil), io.Discard, io.Discard)
 		for _, w := range tt.want {
 			if err == nil || !strings.Contains(err.Error(), w) {
 				t.Errorf("%q: got %v; want an error with %q", tt.args, err, w)
@@ -258,7 +259,7 @@ func TestRunRefusesToStart(t *testing.T) {
 func TestRunHelpAndVersionExitCleanly(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"--version"}, {"check", "--help"}, {"check", "--version"}} {
 		var out bytes.Buffer
-		if err := run(context.Background(), args, envOf(nil), &out, &out); err != nil {
+		if err := run(context.Background(), args, envOf(nil), environOf(nil), &out, &out); err != nil {
 			t.Errorf("run %q: got %v; want nil", args, err)
 		}
 		want := []string{"Usage: extractedprism [flags]", "Usage: extractedprism status", "Usage: extractedprism check"}
