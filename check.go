@@ -20,8 +20,9 @@ import (
 // returns what a start would stop with, binding nothing. What a start would
 // warn of is listed as warnings, which do not fail the check: settings
 // without effect, EP_ variables no flag reads, and a kubeconfig that does
-// not load here. Other files the settings name are read at start,
-// not here: they may exist only on the node.
+// not load here. So is a readyz CA that does not load here, which fails a
+// start: the chart's check runs in a pod of its own, where the node's
+// files may be missing, so a missing file cannot fail it.
 func check(args []string, getenv func(string) string, environ func() []string, stdout io.Writer) error {
 	cfg, err := parseConfig(args, getenv, stdout)
 	if err != nil {
@@ -29,6 +30,9 @@ func check(args []string, getenv func(string) string, environ func() []string, s
 	}
 	for _, ig := range append(cfg.warnings(environ), cfg.kubeconfigWarning()...) {
 		fmt.Fprintln(stdout, "warning:", ig)
+	}
+	if err := cfg.caError(); err != nil {
+		fmt.Fprintln(stdout, "warning: a start here would stop:", err)
 	}
 	fmt.Fprintln(stdout, "extractedprism check: configuration is valid")
 	return nil
@@ -72,6 +76,19 @@ func (c *config) kubeconfigWarning() []ignoredSetting {
 		return nil
 	}
 	return []ignoredSetting{{flagRef("kubeconfig"), "it does not load here: " + err.Error() + "; a start retries it, serving the static endpoints meanwhile"}}
+}
+
+// caError says why the readyz CA does not load. Readyz probes need it from
+// the first probe, unlike a credential, which may appear later, so it stops
+// a start. Probes still re-read it, so it can rotate.
+func (c *config) caError() error {
+	if c.HealthCheck != checkReadyz {
+		return nil
+	}
+	if _, _, err := (&readyzProbe{caFile: c.HealthCheckCAFile}).tlsConfig(); err != nil {
+		return fmt.Errorf("%s: %w", flagRef("health-check-ca-file"), err)
+	}
+	return nil
 }
 
 // ignoredSetting is a setting given a value that has no effect: setting

@@ -61,10 +61,12 @@ func TestRunCheckAcceptsValidConfiguration(t *testing.T) {
 		{"kubeconfig does not load", []string{"--endpoints", testEndpoint, "--kubeconfig", "/nonexistent/kubelet.conf"}, nil,
 			"warning: --kubeconfig (EP_KUBECONFIG) has no effect: it does not load here: load kubeconfig /nonexistent/kubelet.conf: " +
 				"stat /nonexistent/kubelet.conf: no such file or directory; a start retries it, serving the static endpoints meanwhile\n" + valid},
-		// Files are read at start, on the node; the chart's hook runs
-		// elsewhere.
-		{"files not read", []string{"--endpoints", testEndpoint, "--health-check", "readyz",
-			"--health-check-ca-file", "/nonexistent/ca.crt"}, nil, valid},
+		// A start stops on it, but the chart's hook runs in a pod of its
+		// own, where the node's files may be missing: a warning.
+		{"CA does not load", []string{"--endpoints", testEndpoint, "--health-check", "readyz",
+			"--health-check-ca-file", "/nonexistent/ca.crt"}, nil,
+			"warning: a start here would stop: --health-check-ca-file (EP_HEALTH_CHECK_CA_FILE): readyz: read CA: " +
+				"open /nonexistent/ca.crt: no such file or directory\n" + valid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

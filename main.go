@@ -143,13 +143,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, environ
 	if err != nil {
 		return configError(err, environ)
 	}
-	// Readyz probes need their CA from the first probe, unlike a credential,
-	// which may appear later: an unreadable one fails start-up. Probes still
-	// re-read it, so it can rotate.
-	if cfg.HealthCheck == checkReadyz {
-		if _, _, err := (&readyzProbe{caFile: cfg.HealthCheckCAFile}).tlsConfig(); err != nil {
-			return fmt.Errorf("%s: %w", flagRef("health-check-ca-file"), err)
-		}
+	if err := cfg.caError(); err != nil {
+		return err
 	}
 	level, _ := parseLogLevel(cfg.LogLevel) // validated
 	log, closeLog := startLogging(level, stderr)
