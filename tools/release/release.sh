@@ -5,8 +5,8 @@
 #
 #   tools/release/release.sh [vX.Y.Z]
 #
-# Without an argument the version is the tag on HEAD, or v0.0.0-<rev> for an
-# untagged commit. dist/ gets, for linux/amd64 and linux/arm64:
+# Without an argument the version is the tag on HEAD, else the version
+# whose CHANGELOG.md heading HEAD adds, else v0.0.0-<rev>. dist/ gets, for linux/amd64 and linux/arm64:
 #   extractedprism-<v>-linux-<arch>           static binary
 #   extractedprism-<v>-linux-<arch>.cdx.json  CycloneDX SBOM of the modules in it
 #   extractedprism-<chart version>.tgz        the Helm chart
@@ -30,10 +30,26 @@ if ! git diff --quiet HEAD --; then
 	exit 1
 fi
 REVISION=$(git rev-parse HEAD)
-VERSION=${1:-$(git describe --tags --exact-match 2>/dev/null || echo "v0.0.0-$(git rev-parse --short=12 HEAD)")}
+# A release vX.Y.Z is the commit that adds "## [X.Y.Z]" to CHANGELOG.md,
+# the oldest that changes the heading's count (a clone may come without
+# tags; tools/deploytest finds it the same way). Without an argument or a
+# tag on HEAD, the version is the one whose heading HEAD adds.
+added=$(git diff-tree -p --no-commit-id HEAD -- CHANGELOG.md | sed -n 's/^+## \[\([0-9][0-9.]*\)\].*/v\1/p' | head -1)
+VERSION=${1:-$(git describe --tags --exact-match 2>/dev/null || echo "${added:-v0.0.0-$(git rev-parse --short=12 HEAD)}")}
 if ! [[ $VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]]; then
 	echo "release.sh: version $VERSION is not vX.Y.Z[-pre]" >&2
 	exit 1
+fi
+if [[ $VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+	if [ "$(git rev-parse --is-shallow-repository)" = true ]; then
+		echo "release.sh: a shallow clone cannot show which commit released $VERSION; fetch the whole history (git fetch --unshallow)" >&2
+		exit 1
+	fi
+	release_commit=$(git log --format=%H -S"## [${VERSION#v}]" -- CHANGELOG.md | tail -1)
+	if [ "$release_commit" != "$REVISION" ]; then
+		echo "release.sh: $VERSION is the commit that adds \"## [${VERSION#v}]\" to CHANGELOG.md (${release_commit:-none yet}), not HEAD $REVISION" >&2
+		exit 1
+	fi
 fi
 # The Go that go.mod names, whatever Go is installed (the go command fetches
 # it through the module proxy): another compiler writes other bytes.
