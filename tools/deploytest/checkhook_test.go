@@ -61,6 +61,13 @@ type checkRun struct {
 func runCheck(t *testing.T, m *manifest) checkRun {
 	t.Helper()
 	args, env := hookCommand(t, m)
+	return runDaemon(t, args, env)
+}
+
+// runDaemon runs the daemon of the pinned release with args and env alone,
+// for a command that ends by itself, such as check.
+func runDaemon(t *testing.T, args, env []string) checkRun {
+	t.Helper()
 	// Built before the bound starts: the first build of a run may take
 	// longer than the check ever should.
 	bin := daemonBinary(t)
@@ -68,7 +75,8 @@ func runCheck(t *testing.T, m *manifest) checkRun {
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = env
+	// Never nil, which exec.Cmd reads as the test's own environment.
+	cmd.Env = append([]string{}, env...)
 	cmd.Dir = t.TempDir()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

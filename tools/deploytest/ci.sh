@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # CI for the deployment artefacts: builds the pinned helm once into a cache
 # outside the work tree, then runs the chart, manifest, static-binary and
-# API-server tests of this module. Needs only Go and the Go module proxy.
+# API-server tests of this module. Needs only Go and the Go module proxy,
+# and git with the whole history: the tests run the daemon of the release
+# the chart and the examples pin, built from that release's commit
+# (render_test.go's package comment).
 #
 #   tools/deploytest/ci.sh
 #

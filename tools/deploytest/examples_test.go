@@ -20,17 +20,18 @@ import (
 )
 
 var (
-	talosPatchPath   = filepath.Join(repoRoot, "examples", "talos", "extractedprism-patch.yaml")
-	sniDir           = filepath.Join(repoRoot, "examples", "sni")
-	chartReadmePath  = filepath.Join(chartDir, "README.md")
-	chartValuesPath  = filepath.Join(chartDir, "values.yaml")
-	daemonConfigPath = filepath.Join(repoRoot, "config.go")
+	talosPatchPath  = filepath.Join(repoRoot, "examples", "talos", "extractedprism-patch.yaml")
+	sniDir          = filepath.Join(repoRoot, "examples", "sni")
+	chartReadmePath = filepath.Join(chartDir, "README.md")
+	chartValuesPath = filepath.Join(chartDir, "values.yaml")
 )
 
-// flagCalls parses config.go and returns its fs.XxxVar calls, the flag
-// definitions, by flag name, with the parsed file.
+// flagCalls parses the pinned release's config.go and returns its
+// fs.XxxVar calls, the flag definitions, by flag name, with the parsed
+// file.
 func flagCalls(t *testing.T) (*ast.File, map[string]*ast.CallExpr) {
 	t.Helper()
+	daemonConfigPath := daemonSource(t, "config.go")
 	file, err := parser.ParseFile(token.NewFileSet(), daemonConfigPath, nil, 0)
 	if err != nil {
 		t.Fatalf("%v", err)
@@ -69,9 +70,9 @@ func stringLiteral(e ast.Expr) (string, bool) {
 	return s, err == nil
 }
 
-// daemonVariables returns the EP_* variable of every flag config.go
-// defines: the flag name of each fs.XxxVar call, upper-cased, dashes to
-// underscores. --version has none.
+// daemonVariables returns the EP_* variable of every flag the pinned
+// release's config.go defines: the flag name of each fs.XxxVar call,
+// upper-cased, dashes to underscores. --version has none.
 func daemonVariables(t *testing.T) map[string]bool {
 	t.Helper()
 	_, calls := flagCalls(t)
@@ -347,11 +348,12 @@ func atoi(t *testing.T, what, s string) int {
 	return n
 }
 
-// daemonDefault returns the default of a flag as config.go writes it: the
-// literal default of an fs.XxxVar call, or, for fs.Var, the literal last
-// assigned to the field the flag writes.
+// daemonDefault returns the default of a flag as the pinned release's
+// config.go writes it: the literal default of an fs.XxxVar call, or, for
+// fs.Var, the literal last assigned to the field the flag writes.
 func daemonDefault(t *testing.T, flag string) string {
 	t.Helper()
+	daemonConfigPath := daemonSource(t, "config.go")
 	file, calls := flagCalls(t)
 	call, ok := calls[flag]
 	if !ok {
@@ -479,6 +481,40 @@ func checkPortTable(t *testing.T, path string, lines []string, instances []*sniI
 		}
 		if row[proxyCol] != in.proxy() || row[healthCol] != in.health() {
 			t.Errorf("%s: the port table has the %s on %s and %s; %s sets %s and %s", path, in.name, row[proxyCol], row[healthCol], in.settings, in.proxy(), in.health())
+		}
+	}
+}
+
+// kubeconfigNotHere is the warning check gives for a kubeconfig that does
+// not load where it runs, as the node's does not here.
+const kubeconfigNotHere = "warning: --kubeconfig (EP_KUBECONFIG) has no effect: it does not load here"
+
+// TestExamplesPassCheck runs every example's settings, the static pods'
+// arguments and variables as the kubelet gives them and the env files as
+// systemd does, through check of the pinned release: it must accept them
+// with no warning but that the node's kubeconfig is not here.
+func TestExamplesPassCheck(t *testing.T) {
+	for name, ex := range examplesSettings(t) {
+		args := []string{"check"}
+		if ex.container != nil {
+			if len(ex.container.Command) != 0 {
+				t.Errorf("%s: command %v; want the image's entrypoint, the daemon", name, ex.container.Command)
+			}
+			args = append(args, ex.container.Args...)
+		}
+		var env []string
+		for _, k := range slices.Sorted(maps.Keys(ex.env)) {
+			env = append(env, k+"="+ex.env[k])
+		}
+		r := runDaemon(t, args, env)
+		if r.exitCode != 0 || !strings.Contains(r.stdout, "extractedprism check: configuration is valid") {
+			t.Errorf("%s: extractedprism %s: exit %d, stdout %q, stderr %q; want exit 0 and the configuration valid", name, strings.Join(args, " "), r.exitCode, r.stdout, r.stderr)
+			continue
+		}
+		for line := range strings.SplitSeq(r.stdout, "\n") {
+			if strings.HasPrefix(line, "warning:") && !strings.HasPrefix(line, kubeconfigNotHere) {
+				t.Errorf("%s: extractedprism check warns: %s", name, line)
+			}
 		}
 	}
 }

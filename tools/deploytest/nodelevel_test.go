@@ -140,11 +140,11 @@ func checkKubeadmHandover(t *testing.T, pod *corev1.Pod, readme string) {
 // over; the kubeadm README waits for it.
 const takeOverLogLine = "took over the listening sockets from the running instance"
 
-// checkDaemonLogs checks that the daemon's source, its non-test files in
-// the repository root, has msg, so the docs quote what it logs.
+// checkDaemonLogs checks that the pinned release's source, its non-test
+// files, has msg, so the docs quote what the daemon they run logs.
 func checkDaemonLogs(t *testing.T, msg string) {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(repoRoot, "*.go"))
+	files, err := filepath.Glob(daemonSource(t, "*.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func checkDaemonLogs(t *testing.T, msg string) {
 			return
 		}
 	}
-	t.Errorf("no daemon source file in %s logs %q", repoRoot, msg)
+	t.Errorf("no source file of the pinned release in %s logs %q", daemonSource(t, ""), msg)
 }
 
 // checkNodeLevelPod checks a node-level static pod: host network,

@@ -72,7 +72,7 @@ func examplesSettings(t *testing.T) map[string]exampleSettings {
 }
 
 // daemonDefaults returns the default of every EP_* variable, as the daemon
-// built from this repository prints them in its usage.
+// of the pinned release prints them in its usage.
 func daemonDefaults(t *testing.T) map[string]string {
 	t.Helper()
 	out, err := exec.Command(daemonBinary(t), "--help").CombinedOutput()
@@ -172,12 +172,12 @@ func limitsConst(t *testing.T, pkg *types.Package, name string) int64 {
 }
 
 // TestSizingFiguresMatchTheDaemon holds the connection bounds that the
-// systemd unit, its README and the chart's values.yaml quote to what
-// limits.go computes from the unit's LimitNOFILE= and MemoryMax= and the
-// chart's memory limit.
+// systemd unit, its README and the chart's values.yaml quote to what the
+// pinned release's limits.go computes from the unit's LimitNOFILE= and
+// MemoryMax= and the chart's memory limit.
 func TestSizingFiguresMatchTheDaemon(t *testing.T) {
 	fset := token.NewFileSet()
-	f, err := parser.ParseFile(fset, filepath.Join(repoRoot, "limits.go"), nil, 0)
+	f, err := parser.ParseFile(fset, daemonSource(t, "limits.go"), nil, 0)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}

@@ -1,10 +1,22 @@
 // Package test checks the deployment artefacts of extractedprism: the Helm
 // chart in charts/extractedprism, the plain manifest rendered from it in
-// deploy/extractedprism.yaml, and the Containerfile's static build. It is a
-// module of its own so that nothing it needs enters the daemon's go.mod.
-// The chart's values are judged by the daemon alone: the tests run the
-// daemon, built once from the repository root, as the chart's check hook
-// runs it (checkhook_test.go).
+// deploy/extractedprism.yaml, the examples, and the Containerfile's static
+// build. It is a module of its own so that nothing it needs enters the
+// daemon's go.mod.
+//
+// The artefacts are judged by the daemon they run, which is a release, not
+// this tree: the chart's appVersion and every example's image tag or
+// download name one version X.Y.Z, and the tests build the daemon from
+// the release commit of vX.Y.Z and run it as the artefacts do (the check
+// hook, the init container, the static pods' check, the systemd units).
+// The flags and variables the chart and the examples may set are read from
+// that commit's source too. Release vX.Y.Z is the commit that adds the
+// heading "## [X.Y.Z]" to CHANGELOG.md, tagged vX.Y.Z; the tests find it
+// from the history alone (a clone may lack the tags, but not the history:
+// a shallow clone fails), check the tag where there is one, and hold every
+// released section from 0.2.0 on to the text its release commit wrote. So
+// a chart or example that needs what main has and the release lacks fails
+// here until a release brings it and the pins move to that release.
 //
 // Run it through ci.sh, which builds the pinned helm and passes it in
 // $HELM. The API-server test runs when the kube-apiserver and etcd
@@ -14,7 +26,6 @@ package test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -24,7 +35,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -93,21 +103,21 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildDaemon builds the daemon from the repository root, once per run, for
-// the first test that runs it.
+// buildDaemon builds the daemon of the pinned release (pinned_test.go),
+// once per run, for the first test that runs it.
 var buildDaemon = sync.OnceValues(func() (string, error) {
+	rel, err := pinnedRelease()
+	if err != nil {
+		return "", err
+	}
 	out := filepath.Join(binDir, "extractedprism")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, ".")
-	cmd.Dir = repoRoot
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build in %s: %w\n%s", repoRoot, err, msg)
+	if err := buildRelease(rel, out); err != nil {
+		return "", err
 	}
 	return out, nil
 })
 
-// daemonBinary returns the daemon built from the repository root.
+// daemonBinary returns the daemon of the pinned release.
 func daemonBinary(t *testing.T) string {
 	t.Helper()
 	path, err := buildDaemon()
@@ -115,6 +125,17 @@ func daemonBinary(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// daemonSource returns the path of name, a file of the daemon's source, in
+// the pinned release's tree: what the artefacts are judged against.
+func daemonSource(t *testing.T, name string) string {
+	t.Helper()
+	rel, err := pinnedRelease()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(rel.src, name)
 }
 
 // runHelm runs helm with args and returns its standard output, or an error
