@@ -30,9 +30,10 @@ if ! git diff --quiet HEAD --; then
 	exit 1
 fi
 REVISION=$(git rev-parse HEAD)
-# A release vX.Y.Z is the commit that adds "## [X.Y.Z]" to CHANGELOG.md,
-# the oldest that changes the heading's count (a clone may come without
-# tags; tools/deploytest finds it the same way). Without an argument or a
+# A release vX.Y.Z is the commit that adds "## [X.Y.Z]" to CHANGELOG.md:
+# the oldest that touches a line starting so, as a later one may correct
+# the date (a clone may come without tags; tools/deploytest finds it the
+# same way, pinned_test.go). Without an argument or a
 # tag on HEAD, the version is the one whose heading HEAD adds.
 added=$(git diff-tree -p --no-commit-id HEAD -- CHANGELOG.md | sed -n 's/^+## \[\([0-9][0-9.]*\)\].*/v\1/p' | head -1)
 VERSION=${1:-$(git describe --tags --exact-match 2>/dev/null || echo "${added:-v0.0.0-$(git rev-parse --short=12 HEAD)}")}
@@ -45,7 +46,7 @@ if [[ $VERSION =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
 		echo "release.sh: a shallow clone cannot show which commit released $VERSION; fetch the whole history (git fetch --unshallow)" >&2
 		exit 1
 	fi
-	release_commit=$(git log --format=%H -S"## [${VERSION#v}]" -- CHANGELOG.md | tail -1)
+	release_commit=$(git log --full-history --topo-order --format=%H -G "^## \[${VERSION#v}\]" -- CHANGELOG.md | tail -1)
 	if [ "$release_commit" != "$REVISION" ]; then
 		echo "release.sh: $VERSION is the commit that adds \"## [${VERSION#v}]\" to CHANGELOG.md (${release_commit:-none yet}), not HEAD $REVISION" >&2
 		exit 1
