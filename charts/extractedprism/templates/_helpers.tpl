@@ -345,7 +345,7 @@ Each failure says what to do.
 {{- fail "discovery.nodeRBAC creates a Role and RoleBinding, which rbac.create=false forbids: set rbac.create=true, or discovery.nodeRBAC=false and apply deploy/node-discovery-rbac.yaml yourself" -}}
 {{- end -}}
 {{- if and .Values.metrics.podMonitor.enabled (not .Values.metrics.expose) -}}
-{{- fail "metrics.podMonitor.enabled needs metrics.expose=true: Prometheus cannot scrape a health server bound to loopback (a surging rollout no longer stands in the way: the port is not declared then)" -}}
+{{- fail "metrics.podMonitor.enabled needs metrics.expose=true: Prometheus cannot scrape a health server bound to loopback" -}}
 {{- end -}}
 {{- if and (eq .Values.healthCheck "readyz") (eq .Values.readyz.credentials "clientCertificate") (not (dig "clientCertificate" "secretName" "" .Values.readyz)) -}}
 {{- fail "readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName: the Secret of type kubernetes.io/tls that holds the certificate and key" -}}
