@@ -499,11 +499,31 @@ func templateCases(appVersion string) []templateCase {
 						t.Errorf("PodMonitor selects %s=%s; the pods have %q", k, v, podLabels[k])
 					}
 				}
-				if len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Port != "metrics" || pm.Spec.PodMetricsEndpoints[0].Path != "/metrics" {
-					t.Fatalf("podMetricsEndpoints = %+v; want port metrics, path /metrics", pm.Spec.PodMetricsEndpoints)
-				}
+				checkPodMonitorEndpoint(t, pm)
 				checkPodMonitorLabels(t, pm, "")
 				checkPodMonitorConventions(t, pm)
+			},
+			readsNode: true,
+		},
+		{
+			// The PodMonitor needs no declared port, so exposed metrics
+			// and a surging rollout go together.
+			name: "metrics exposed with a PodMonitor and a surge",
+			values: withEndpoints(map[string]any{
+				"metrics": map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "cluster": "prod-eu"}},
+			}),
+			check: func(t *testing.T, m *manifest) {
+				checkSurge(t, m)
+				c := container(t, m)
+				if len(c.Ports) != 0 {
+					t.Errorf("ports = %v; want none beside a surge pod", c.Ports)
+				}
+				checkProbeHost(t, c, "")
+				if m.PodMonitor == nil {
+					t.Fatal("no PodMonitor")
+				}
+				checkPodMonitorEndpoint(t, m.PodMonitor)
+				checkPodMonitorLabels(t, m.PodMonitor, "prod-eu")
 			},
 			readsNode: true,
 		},
@@ -692,6 +712,33 @@ func checkPodMonitorConventions(t *testing.T, pm *podMonitor) {
 	want := relabeling{Action: "drop", SourceLabels: []string{"__name__"}, Regex: "go_gc_.*"}
 	if mr := ep.MetricRelabelings; len(mr) != 1 || mr[0].Action != want.Action || !slices.Equal(mr[0].SourceLabels, want.SourceLabels) || mr[0].Regex != want.Regex {
 		t.Errorf("metricRelabelings = %+v; want [%+v]", mr, want)
+	}
+}
+
+// checkPodMonitorEndpoint checks the PodMonitor's one endpoint: /metrics
+// without a port, the address set to <pod IP>:7446 (brackets for IPv6)
+// for the daemon's container alone, and no pod label, so that the old and
+// the new pod of a surge are one target.
+func checkPodMonitorEndpoint(t *testing.T, pm *podMonitor) {
+	t.Helper()
+	eps := pm.Spec.PodMetricsEndpoints
+	if len(eps) != 1 || eps[0].Port != "" || eps[0].Path != "/metrics" {
+		t.Fatalf("podMetricsEndpoints = %+v; want one, path /metrics, no port", eps)
+	}
+	var keep, address, labeldrop []string
+	for _, r := range eps[0].Relabelings {
+		switch {
+		case r.Action == "keep":
+			keep = append(keep, strings.Join(r.SourceLabels, ",")+"="+r.Regex)
+		case r.TargetLabel == "__address__" && r.Replacement != nil:
+			address = append(address, strings.Join(r.SourceLabels, ",")+"~"+r.Regex+"->"+*r.Replacement)
+		case r.Action == "labeldrop":
+			labeldrop = append(labeldrop, r.Regex)
+		}
+	}
+	wantAddress := []string{"__meta_kubernetes_pod_ip~([^:]+)->${1}:7446", "__meta_kubernetes_pod_ip~(.*:.*)->[${1}]:7446"}
+	if !slices.Equal(keep, []string{"__meta_kubernetes_pod_container_name=extractedprism"}) || !slices.Equal(address, wantAddress) || !slices.Contains(labeldrop, "pod") {
+		t.Errorf("relabelings keep %q, address %q, labeldrop %q; want the daemon's container, %q, and pod dropped", keep, address, labeldrop, wantAddress)
 	}
 }
 
@@ -1144,7 +1191,7 @@ func TestTemplateRejects(t *testing.T) {
 		// The chart's rules about values only it reads (_helpers.tpl validate).
 		{name: "PodMonitor without exposed metrics", values: withEndpoints(map[string]any{"metrics": map[string]any{"podMonitor": map[string]any{"enabled": true}}}), chart: []string{"metrics.podMonitor.enabled needs metrics.expose"}},
 		{name: "exposed metrics and a health bind address", values: withEndpoints(map[string]any{"healthBindAddress": "0.0.0.0", "metrics": map[string]any{"expose": true}, "handover": map[string]any{"enabled": false}}), chart: []string{"leave healthBindAddress empty"}},
-		{name: "exposed metrics with a surging rollout", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true}}), chart: []string{"metrics.expose declares the health port", "set handover.surge=false or handover.enabled=false"}},
+		{name: "PodMonitor with a job label the pods lack", values: withEndpoints(map[string]any{"metrics": map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "jobLabel": "tier"}}}), chart: []string{`metrics.podMonitor.jobLabel "tier" is no label of the pods`}},
 		{name: "client certificate without a Secret", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate"}}), chart: []string{"readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName"}},
 		{name: "client certificate left null", values: withEndpoints(map[string]any{"healthCheck": "readyz", "readyz": map[string]any{"credentials": "clientCertificate", "clientCertificate": nil}}), chart: []string{"needs readyz.clientCertificate.secretName"}},
 		{name: "node RBAC without RBAC", values: withEndpoints(map[string]any{"rbac": map[string]any{"create": false}, "discovery": map[string]any{"nodeRBAC": true}}), chart: []string{"discovery.nodeRBAC creates a Role and RoleBinding, which rbac.create=false forbids"}},

@@ -182,7 +182,7 @@ func checkAlertTemplate(text string) error {
 			Labels, ExternalLabels map[string]string
 			Value                  float64
 		}{
-			Labels: map[string]string{"instance": "192.0.2.21:7446", "job": "kube-system/extractedprism", "upstream": "192.0.2.11:6443"},
+			Labels: map[string]string{"instance": "192.0.2.21:7446", "job": "extractedprism", "upstream": "192.0.2.11:6443"},
 			Value:  5,
 		}
 		if node != "" {
@@ -453,9 +453,10 @@ const prometheusRuleCRD = `{
   }
 }`
 
-// TestObservabilityAlertsAPIServer sends alerts.yaml to a real
-// kube-apiserver as a server-side apply dry run with strict field
-// validation, against the stand-in CRD. Broken copies must be refused, so
+// TestObservabilityAlertsAPIServer sends alerts.yaml, and the chart's
+// PrometheusRule and dashboard ConfigMap, to a real kube-apiserver as a
+// server-side apply dry run with strict field validation, against the
+// stand-in CRD. Broken copies must be refused, so
 // the stand-in is known to judge.
 func TestObservabilityAlertsAPIServer(t *testing.T) {
 	if testing.Short() {
@@ -502,6 +503,14 @@ func TestObservabilityAlertsAPIServer(t *testing.T) {
 
 	if err := apply(ctx, dyn, mapper, rule, true); err != nil {
 		t.Errorf("%s: %v", alertsPath, err)
+	}
+	// The chart's PrometheusRule and dashboard ConfigMap, made of the same
+	// files.
+	chart := renderObjects(t, monitoringValues(map[string]any{"fullnameOverride": "node-apiproxy"}))
+	for _, kind := range []string{"PrometheusRule", "ConfigMap"} {
+		if err := apply(ctx, dyn, mapper, chart[kind], true); err != nil {
+			t.Errorf("the chart's %s: %v", kind, err)
+		}
 	}
 
 	// Each change breaks spec.groups; firstRule is its first group's first rule.

@@ -5,7 +5,8 @@ package test
 // registers; only Prometheus says whether a query parses, whether its
 // vector matching works (a one-to-many match is an execution error, not a
 // parse error) and whether the labels it groups by exist once the chart's
-// PodMonitor relabelings have run. No Grafana server can be installed here
+// PodMonitor relabelings have run, with the old and the new pod of a
+// surging rollout both listed. No Grafana server can be installed here
 // (npm's grafana is a placeholder, Debian has none), so Grafana's part,
 // substituting the variables, is done by the test.
 
@@ -15,6 +16,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -61,10 +63,14 @@ func prometheusBinary(t *testing.T) string {
 }
 
 // TestDashboardQueriesInPrometheus scrapes a daemon with the relabelings
-// the chart's PodMonitor renders, then runs every dashboard query, with
-// the variables as Grafana substitutes them, picked and All. Every query
-// must execute; every one must return data, since the daemon creates its
-// series from the start and runs here with readyz and latency selection.
+// the chart's PodMonitor renders, behind those the Prometheus Operator puts
+// in front of them, for a node in the middle of a surging rollout: the old
+// and the new pod, each with its hand-over init container. It checks that
+// this makes one target and one series per node, then runs every alert
+// expression and every dashboard query, with the variables as Grafana
+// substitutes them, picked and All. Every query must execute; every
+// dashboard query must return data, since the daemon creates its series
+// from the start and runs here with readyz and latency selection.
 func TestDashboardQueriesInPrometheus(t *testing.T) {
 	promBin := prometheusBinary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -77,8 +83,14 @@ func TestDashboardQueriesInPrometheus(t *testing.T) {
 	endpoints := []string{upstreams[0].Listener.Addr().String(), upstreams[1].Listener.Addr().String(), net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))}
 	proxy, health := startScrapedDaemon(ctx, t, dir, endpoints, caFile)
 	passTraffic(ctx, t, proxy, upstreams[0].Certificate())
-	prom := startPrometheus(ctx, t, dir, promBin, health, podMonitorRelabelings(t))
+	_, healthPort, err := net.SplitHostPort(health)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	prom := startPrometheus(ctx, t, dir, promBin, podMonitorScrapeConfig(t, healthPort, surgingPods("127.0.0.1", testNode)))
 	waitForScrapes(ctx, t, prom)
+	checkOneSeriesPerNode(ctx, t, prom)
+	checkAlertQueries(ctx, t, prom)
 
 	queries := dashboardQueries(t)
 	t.Logf("%d dashboard queries", len(queries))
@@ -105,6 +117,46 @@ func TestDashboardQueriesInPrometheus(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkOneSeriesPerNode checks that the two pods of the surging rollout,
+// which share the node's address, make one target and one series: the
+// dashboard's counts and sums and the alerts' ratios would count the
+// node twice otherwise.
+func checkOneSeriesPerNode(ctx context.Context, t *testing.T, prom string) {
+	t.Helper()
+	targets := activeTargets(ctx, t, prom)
+	if len(targets) != 1 {
+		t.Errorf("%d active targets; want 1, the old and the new pod's being one: %v", len(targets), targets)
+	}
+	for _, q := range []string{
+		`count(up{job="extractedprism"}) == 1`,
+		`count(extractedprism_build_info) == 1`,
+		`count(count by (node, upstream) (extractedprism_health_check_status) > 1) or vector(0) == 0`,
+	} {
+		if n, err := promQuery(ctx, prom, q); err != nil || n == 0 {
+			t.Errorf("%s: %d series, %v; want it true", q, n, err)
+		}
+	}
+}
+
+// checkAlertQueries runs every alert's expression: each must execute (a
+// many-to-many match fails only then), and none may return anything for
+// this healthy node but the readyz one, whose upstream set includes one
+// with nothing listening.
+func checkAlertQueries(ctx context.Context, t *testing.T, prom string) {
+	t.Helper()
+	rf, _ := readAlerts(t)
+	for _, g := range rf.Spec.Groups {
+		for _, r := range g.Rules {
+			n, err := promQuery(ctx, prom, r.Expr)
+			if err != nil {
+				t.Errorf("alert %s: %v", r.Alert, err)
+			} else if r.Alert == "ExtractedprismScrapeFailing" && n != 0 {
+				t.Errorf("alert %s: %d series for a node that is scraped; want none", r.Alert, n)
+			}
+		}
 	}
 }
 
@@ -204,44 +256,97 @@ func httpGet(ctx context.Context, client *http.Client, url string) ([]byte, erro
 }
 
 // podMonitorRelabelings renders the chart's PodMonitor with cluster
-// testCluster and returns its relabelings as Prometheus relabel_configs.
-func podMonitorRelabelings(t *testing.T) []map[string]any {
+// testCluster, a surging rollout (the chart's default) and the health port
+// healthPort, and returns its relabelings as Prometheus relabel_configs.
+func podMonitorRelabelings(t *testing.T, healthPort string) []map[string]any {
 	t.Helper()
+	port, err := strconv.Atoi(healthPort)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
 	m := render(t, withEndpoints(map[string]any{
-		"metrics":  map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "cluster": testCluster}},
-		"handover": map[string]any{"enabled": false},
+		"healthPort": port,
+		"metrics":    map[string]any{"expose": true, "podMonitor": map[string]any{"enabled": true, "cluster": testCluster}},
 	}))
 	if m.PodMonitor == nil || len(m.PodMonitor.Spec.PodMetricsEndpoints) != 1 {
 		t.Fatal("the chart rendered no PodMonitor with one endpoint")
 	}
 	var configs []map[string]any
 	for _, r := range m.PodMonitor.Spec.PodMetricsEndpoints[0].Relabelings {
-		c := map[string]any{"action": r.Action, "target_label": r.TargetLabel}
+		c := map[string]any{"action": r.Action}
+		if r.TargetLabel != "" {
+			c["target_label"] = r.TargetLabel
+		}
 		if len(r.SourceLabels) > 0 {
 			c["source_labels"] = r.SourceLabels
 		}
 		if r.Replacement != nil {
 			c["replacement"] = *r.Replacement
 		}
+		if r.Regex != "" {
+			c["regex"] = r.Regex
+		}
 		configs = append(configs, c)
 	}
 	return configs
 }
 
-// startPrometheus starts prometheus on a free loopback port, scraping the
-// daemon's health server every second with relabel as its relabel_configs,
-// and waits until it is ready. It returns its base URL.
-func startPrometheus(ctx context.Context, t *testing.T, dir, bin, target string, relabel []map[string]any) string {
+// operatorRelabelings are the relabelings the Prometheus Operator puts in
+// front of a PodMonitor's own (pkg/prometheus/promcfg.go,
+// generatePodMonitorConfig) for a PodMetricsEndpoint without a port: the
+// selector's keep, then the namespace, container, pod and job labels.
+func operatorRelabelings() []map[string]any {
+	return []map[string]any{
+		{"action": "keep", "source_labels": []string{"__meta_kubernetes_pod_label_app_kubernetes_io_name"}, "regex": "extractedprism"},
+		{"source_labels": []string{"__meta_kubernetes_namespace"}, "target_label": "namespace"},
+		{"source_labels": []string{"__meta_kubernetes_pod_container_name"}, "target_label": "container"},
+		{"source_labels": []string{"__meta_kubernetes_pod_name"}, "target_label": "pod"},
+		{"target_label": "job", "replacement": releaseNamespace + "/" + releaseName},
+	}
+}
+
+// surgingPods returns the targets Kubernetes pod discovery lists for one
+// node in the middle of a surging rollout: the old pod and the new one,
+// each with the daemon's container and the hand-over init container, none
+// of them with a declared port, so each address is the pod IP alone. Under
+// hostNetwork both pods have the node's IP, podIP.
+func surgingPods(podIP, node string) []map[string]any {
+	var targets []map[string]any
+	for _, pod := range []string{"extractedprism-old12", "extractedprism-new34"} {
+		for _, container := range []string{"handover-dir", "extractedprism"} {
+			targets = append(targets, map[string]any{"targets": []string{podIP}, "labels": map[string]string{
+				"__meta_kubernetes_namespace":                        releaseNamespace,
+				"__meta_kubernetes_pod_name":                         pod,
+				"__meta_kubernetes_pod_ip":                           podIP,
+				"__meta_kubernetes_pod_node_name":                    node,
+				"__meta_kubernetes_pod_container_name":               container,
+				"__meta_kubernetes_pod_container_init":               strconv.FormatBool(container == "handover-dir"),
+				"__meta_kubernetes_pod_label_app_kubernetes_io_name": "extractedprism",
+			}})
+		}
+	}
+	return targets
+}
+
+// podMonitorScrapeConfig is the scrape job the operator makes of the
+// chart's PodMonitor, with targets standing in for Kubernetes discovery.
+func podMonitorScrapeConfig(t *testing.T, healthPort string, targets []map[string]any) map[string]any {
+	t.Helper()
+	return map[string]any{
+		"job_name":        "podMonitor/" + releaseNamespace + "/" + releaseName + "/0",
+		"static_configs":  targets,
+		"relabel_configs": append(operatorRelabelings(), podMonitorRelabelings(t, healthPort)...),
+	}
+}
+
+// startPrometheus starts prometheus on a free loopback port with the
+// given scrape jobs, scraping every second, and waits until it is ready.
+// It returns its base URL.
+func startPrometheus(ctx context.Context, t *testing.T, dir, bin string, jobs ...map[string]any) string {
 	t.Helper()
 	config, err := yaml.Marshal(map[string]any{
-		"global": map[string]any{"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-		"scrape_configs": []map[string]any{{
-			"job_name": "extractedprism",
-			// Kubernetes service discovery would set this meta label;
-			// the PodMonitor's relabeling turns it into node.
-			"static_configs":  []map[string]any{{"targets": []string{target}, "labels": map[string]string{"__meta_kubernetes_pod_node_name": testNode}}},
-			"relabel_configs": relabel,
-		}},
+		"global":         map[string]any{"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+		"scrape_configs": jobs,
 	})
 	if err != nil {
 		t.Fatalf("%v", err)
@@ -257,6 +362,38 @@ func startPrometheus(ctx context.Context, t *testing.T, dir, bin, target string,
 		return err
 	})
 	return base
+}
+
+// activeTargets returns the labels of Prometheus's active targets, once
+// it has any.
+func activeTargets(ctx context.Context, t *testing.T, prom string) []map[string]string {
+	t.Helper()
+	var targets []map[string]string
+	waitFor(ctx, t, "active targets", func() error {
+		body, err := httpGet(ctx, http.DefaultClient, prom+"/api/v1/targets?state=active")
+		if err != nil {
+			return err
+		}
+		var resp struct {
+			Data struct {
+				ActiveTargets []struct {
+					Labels map[string]string `json:"labels"`
+				} `json:"activeTargets"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(body, &resp); err != nil {
+			return fmt.Errorf("%w: %s", err, body)
+		}
+		targets = nil
+		for _, at := range resp.Data.ActiveTargets {
+			targets = append(targets, at.Labels)
+		}
+		if len(targets) == 0 {
+			return errors.New("no active target yet")
+		}
+		return nil
+	})
+	return targets
 }
 
 // waitForScrapes waits until the target is up with the node and cluster

@@ -14,6 +14,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -95,26 +96,65 @@ func TestSystemdUnitVerifies(t *testing.T) {
 // TestSystemdSocketMatchesSettings checks that extractedprism.socket
 // listens where the example's settings put the proxy and the health
 // server, in that order: the daemon refuses a socket they do not describe.
+// It checks the files as shipped, and with the opt-in for scraping from
+// other hosts taken: EP_HEALTH_BIND_ADDRESS uncommented in the settings,
+// and the commented ListenStream= in place of the health server's.
 func TestSystemdSocketMatchesSettings(t *testing.T) {
 	unit, err := os.ReadFile(filepath.Join(systemdDir, "extractedprism.socket"))
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	var listen []string
-	for line := range strings.SplitSeq(string(unit), "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "ListenStream="); ok {
-			listen = append(listen, v)
+	listen, optInListen := socketListens(string(unit))
+	env := systemdEnv(t)
+	if env["EP_HEALTH_BIND_ADDRESS"] != "" {
+		t.Errorf("EP_HEALTH_BIND_ADDRESS=%q as shipped; want loopback until the operator opts in", env["EP_HEALTH_BIND_ADDRESS"])
+	}
+	checkSocketSettings(t, "as shipped", listen, env)
+
+	optInEnv := maps.Clone(env)
+	envText, err := os.ReadFile(filepath.Join(systemdDir, "extractedprism.env"))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	for line := range strings.SplitSeq(string(envText), "\n") {
+		if v, ok := strings.CutPrefix(line, "#EP_HEALTH_BIND_ADDRESS="); ok {
+			optInEnv["EP_HEALTH_BIND_ADDRESS"] = v
 		}
 	}
-	env := systemdEnv(t)
+	if optInEnv["EP_HEALTH_BIND_ADDRESS"] != "0.0.0.0" {
+		t.Errorf("the settings' opt-in is EP_HEALTH_BIND_ADDRESS=%q; want a commented #EP_HEALTH_BIND_ADDRESS=0.0.0.0", optInEnv["EP_HEALTH_BIND_ADDRESS"])
+	}
+	checkSocketSettings(t, "opted in to scraping", optInListen, optInEnv)
+	daemonCheck(t, optInEnv)
+	if service := unitSettings(t); service["Requires"] != "extractedprism.socket" {
+		t.Errorf("the service has Requires=%q; want extractedprism.socket", service["Requires"])
+	}
+}
+
+// socketListens returns a socket unit's ListenStream= addresses, and the
+// same with each commented #ListenStream= line in place of the one before.
+func socketListens(unit string) (listen, optIn []string) {
+	for line := range strings.SplitSeq(unit, "\n") {
+		line = strings.TrimSpace(line)
+		if v, ok := strings.CutPrefix(line, "ListenStream="); ok {
+			listen = append(listen, v)
+			optIn = append(optIn, v)
+		} else if v, ok := strings.CutPrefix(line, "#ListenStream="); ok && len(optIn) > 0 {
+			optIn[len(optIn)-1] = v
+		}
+	}
+	return listen, optIn
+}
+
+// checkSocketSettings checks that listen holds the proxy's and the health
+// server's addresses as the settings env give them, in that order.
+func checkSocketSettings(t *testing.T, what string, listen []string, env map[string]string) {
+	t.Helper()
 	or := func(name, def string) string { return cmp.Or(env[name], def) }
 	bind := or("EP_BIND_ADDRESS", "127.0.0.1")
 	want := []string{net.JoinHostPort(bind, or("EP_BIND_PORT", "7445")), net.JoinHostPort(or("EP_HEALTH_BIND_ADDRESS", bind), or("EP_HEALTH_PORT", "7446"))}
 	if !slices.Equal(listen, want) {
-		t.Errorf("ListenStream= %q; want %q, the proxy's and the health server's addresses", listen, want)
-	}
-	if service := unitSettings(t); service["Requires"] != "extractedprism.socket" {
-		t.Errorf("the service has Requires=%q; want extractedprism.socket", service["Requires"])
+		t.Errorf("%s: ListenStream= %q; want %q, the proxy's and the health server's addresses", what, listen, want)
 	}
 }
 

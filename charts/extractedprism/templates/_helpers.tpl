@@ -313,6 +313,26 @@ takes over its sockets.
 {{- end -}}
 
 {{/*
+The job label of the scraped series, which the PrometheusRule selects:
+the value of the pods' label metrics.podMonitor.jobLabel names, else
+"extractedprism", which the PodMonitor sets whatever the release is
+called (and deploy/prometheus/scrape-node-level.yaml for node-level
+instances).
+*/}}
+{{- define "extractedprism.job" -}}
+{{- with .Values.metrics.podMonitor.jobLabel -}}
+{{- $pod := merge (dict) ($.Values.podLabels | default dict) ($.Values.commonLabels | default dict) (include "extractedprism.selectorLabels" $ | fromYaml) -}}
+{{- $job := index $pod . | default "" | toString -}}
+{{- if not $job -}}
+{{- fail (printf "metrics.podMonitor.jobLabel %q is no label of the pods, so the job would be the operator's <namespace>/<PodMonitor name>: name one of the pods' labels (podLabels), or leave it empty for job=\"extractedprism\"" .) -}}
+{{- end -}}
+{{- $job -}}
+{{- else -}}
+extractedprism
+{{- end -}}
+{{- end -}}
+
+{{/*
 The few rules about values only the chart reads, which the daemon never
 sees; everything the daemon reads, it checks itself (the check hook).
 Each failure says what to do.
@@ -326,9 +346,6 @@ Each failure says what to do.
 {{- end -}}
 {{- if and .Values.metrics.podMonitor.enabled (not .Values.metrics.expose) -}}
 {{- fail "metrics.podMonitor.enabled needs metrics.expose=true: Prometheus cannot scrape a health server bound to loopback" -}}
-{{- end -}}
-{{- if and (eq (include "extractedprism.surge" .) "true") .Values.metrics.expose -}}
-{{- fail "metrics.expose declares the health port, a host port under hostNetwork, and the scheduler puts no second pod with it on a node, so a surging rollout would never start its new pods (kubernetes/kubernetes#106417): set handover.surge=false or handover.enabled=false with metrics.expose" -}}
 {{- end -}}
 {{- if and (eq .Values.healthCheck "readyz") (eq .Values.readyz.credentials "clientCertificate") (not (dig "clientCertificate" "secretName" "" .Values.readyz)) -}}
 {{- fail "readyz.credentials=clientCertificate needs readyz.clientCertificate.secretName: the Secret of type kubernetes.io/tls that holds the certificate and key" -}}
