@@ -55,8 +55,10 @@ func TestMonitoringOneSource(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v", err)
 		}
-		if info, err := os.Lstat(copied); err != nil || info.Mode()&os.ModeSymlink != 0 {
-			t.Errorf("%s: %v, mode %v; want a regular file", copied, err, info.Mode())
+		if info, err := os.Lstat(copied); err != nil {
+			t.Errorf("%v", err)
+		} else if info.Mode()&os.ModeSymlink != 0 {
+			t.Errorf("%s: mode %v; want a regular file", copied, info.Mode())
 		}
 		if !bytes.Equal(got, want) {
 			t.Errorf("%s differs from %s, its source: cp %s %s", copied, source, source, copied)
