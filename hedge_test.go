@@ -45,7 +45,7 @@ func TestProxyLastResortWhenNothingPickable(t *testing.T) {
 	// The dead upstream was healthy last, so the last-resort dial tries it
 	// first and its failure is the one that must not be counted.
 	px.pool.mu.Lock()
-	px.pool.upstreams[dead].lastHealthy = time.Now()
+	px.pool.upstreams[dead].h.lastHealthy = time.Now()
 	px.pool.mu.Unlock()
 	for _, addr := range []string{alive.addr, dead} {
 		u := px.pool.upstreams[addr]

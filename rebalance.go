@@ -125,7 +125,7 @@ func (p *pool) rebalanceCandidates(now time.Time) (*upstream, []*proxyConn) {
 		return nil, nil
 	}
 	for _, u := range p.upstreams {
-		if u.draining || u.evicted || u.evict.pending() {
+		if u.h.state == upDraining || u.evicted || u.evict.pending() {
 			return nil, nil
 		}
 	}
@@ -135,7 +135,7 @@ func (p *pool) rebalanceCandidates(now time.Time) (*upstream, []*proxyConn) {
 	}
 	counts := make([]int, 0, len(s.groups[0]))
 	for _, u := range s.groups[0] {
-		if (u.state != stateHealthy && u.state != stateReady) || now.Sub(u.stateSince) < rebalanceSettle {
+		if (u.shown != stateHealthy && u.shown != stateReady) || now.Sub(u.shownSince) < rebalanceSettle {
 			return nil, nil
 		}
 		counts = append(counts, len(p.longLived(u, now)))

@@ -104,7 +104,7 @@ func (rb *rbPool) fewest() string {
 	defer rb.pool.mu.Unlock()
 	best := ""
 	for addr, u := range rb.upstreams {
-		if u.healthy && !u.draining && (best == "" || len(u.conns) < len(rb.upstreams[best].conns)) {
+		if u.h.state < upUnhealthy && (best == "" || len(u.conns) < len(rb.upstreams[best].conns)) {
 			best = addr
 		}
 	}
@@ -234,7 +234,7 @@ func TestRebalanceSettleTime(t *testing.T) {
 		rb.run(25 * time.Second) // the next check restores it
 		u := rb.upstream(rbB)
 		rb.pool.mu.Lock()
-		restored, state := u.stateSince, u.state
+		restored, state := u.shownSince, u.shown
 		rb.pool.mu.Unlock()
 		if state != stateHealthy {
 			t.Fatalf("%s: got %s; want healthy again", rbB, state)

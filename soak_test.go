@@ -569,7 +569,7 @@ func (r *soakRig) allServing() bool {
 	defer r.pool.mu.Unlock()
 	n := 0
 	for _, u := range r.pool.upstreams {
-		if u.healthy && u.rd.ready && !u.draining {
+		if u.h.state == upReady || u.h.state == upAwaitingProbe {
 			n++
 		}
 	}

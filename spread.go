@@ -73,5 +73,5 @@ func (p *pool) spreadCloser(u *upstream, conns []*proxyConn, window time.Duratio
 func (p *pool) stillClosing(u *upstream) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return u.draining || u.evicted
+	return u.h.state >= upDraining || u.evicted
 }

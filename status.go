@@ -76,7 +76,7 @@ func summarize(st []upstreamStatus, readyz bool) upstreamsSummary {
 type upstreamStatus struct {
 	Address       string     `json:"address"`
 	Sources       []string   `json:"sources"`
-	State         string     `json:"state"` // see stateLocked
+	State         string     `json:"state"` // see state.word
 	StateSince    *time.Time `json:"state_since,omitempty"`
 	Healthy       bool       `json:"healthy"`
 	FailStreak    int        `json:"fail_streak"`
@@ -109,13 +109,13 @@ func (p *pool) describe(sources map[string][]string) []upstreamStatus {
 	for _, u := range p.upstreams {
 		st := upstreamStatus{
 			Address: u.addr, Sources: append([]string{}, sources[u.addr]...),
-			State: p.stateLocked(u), StateSince: timePtr(!u.stateSince.IsZero(), u.stateSince),
-			Healthy: u.healthy, FailStreak: u.failStreak, Connections: len(u.conns), LongLived: len(p.longLived(u, now)), Draining: u.draining,
+			State: u.h.state.word(), StateSince: timePtr(!u.shownSince.IsZero(), u.shownSince),
+			Healthy: u.h.healthy(), FailStreak: u.h.fails, Connections: len(u.conns), LongLived: len(p.longLived(u, now)), Draining: u.h.state == upDraining,
 			DrainDeadline: timePtr(u.drain.pending(), u.drainDeadline),
 			LastCheck:     timePtr(!u.lastCheck.IsZero(), u.lastCheck),
 		}
-		if p.cfg.readyz && u.rd.known {
-			st.Ready, st.ReadyPending, st.AwaitingProbe = new(u.rd.ready), u.rd.pending, u.rd.ready && u.rd.reprobe
+		if b := u.h.base(); p.cfg.readyz && u.h.probed {
+			st.Ready, st.ReadyPending, st.AwaitingProbe = new(u.h.ready()), b == upPending || b == upUnhealthy, b == upAwaitingProbe
 		}
 		if u.hasRTT {
 			st.RTTSeconds = new(u.rtt.Seconds())
@@ -505,20 +505,3 @@ const (
 	stateReady     = "ready"
 	stateHealthy   = "healthy"
 )
-
-// stateLocked returns u's state; p.mu must be held.
-func (p *pool) stateLocked(u *upstream) string {
-	switch {
-	case u.draining:
-		return stateDraining
-	case !u.healthy:
-		return stateUnhealthy
-	case !p.cfg.readyz:
-		return stateHealthy
-	case u.rd.pending:
-		return statePending
-	case !u.rd.ready:
-		return stateNotReady
-	}
-	return stateReady
-}

@@ -69,14 +69,13 @@ func setSweep(c net.Conn, on bool) {
 	_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: idle, Interval: -1, Count: -1})
 }
 
-// setSuspectLocked switches u's sockets to the sweep's settings when u turns
-// suspect, and back when it is not any more, and reports whether it did.
-// p.mu must be held.
-func (p *pool) setSuspectLocked(u *upstream, suspect bool) bool {
-	if !p.cfg.sweep || u.suspect == suspect {
-		return false
+// setSuspectLocked switches u's sockets to the sweep's settings when u has
+// turned suspect, and back when it is not any more. p.mu must be held.
+func (p *pool) setSuspectLocked(u *upstream) {
+	suspect := u.h.suspect
+	if !p.cfg.sweep {
+		return
 	}
-	u.suspect = suspect
 	if suspect {
 		p.note(u, slog.LevelInfo, "upstream suspect: sweeping its connections", "connections", len(u.conns))
 		p.arm(&u.sweep, stalledAfter, func() { p.closeStalledLocked(u) })
@@ -86,7 +85,6 @@ func (p *pool) setSuspectLocked(u *upstream, suspect bool) bool {
 	for pc := range u.conns {
 		setSweep(pc.upstream, suspect)
 	}
-	return true
 }
 
 // closeStalledLocked closes those of u's connections whose upstream socket

@@ -105,7 +105,7 @@ func TestSweepSparesLiveConnections(t *testing.T) {
 		t.Fatalf("idle connection after the sweep's look: %v", err)
 	}
 	pl.mu.Lock()
-	looked := sw.u.suspect && !sw.u.sweep.pending()
+	looked := sw.u.h.suspect && !sw.u.sweep.pending()
 	pl.mu.Unlock()
 	if !looked {
 		t.Error("the upstream's suspicion ended before the sweep looked at its connections")

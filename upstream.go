@@ -35,35 +35,28 @@ type upstream struct {
 	// a slow dial called off send to it. One pending request is enough.
 	recheck chan struct{}
 
-	healthy    bool
-	failStreak int
-	// lastHealthy, the last successful check or dial, orders last-resort
-	// dials; lastErr is the last failed check, dial or probe.
-	lastHealthy, lastErrAt, lastCheck time.Time
-	lastErr                           error
+	// h is its state: step moves it (see applyLocked), update, the drain and
+	// removeLocked set draining and removed, and the eviction code its graceFrom.
+	h health
+	// lastErr is the last failed check, dial or probe.
+	lastErrAt, lastCheck time.Time
+	lastErr              error
 	// lastGood is the last check that passed whole (with readyz, its probe
 	// too): an error before it is history, not the upstream's state.
 	lastGood time.Time
-	// state is what /upstreams shows (see upstreamState), entered at
-	// stateSince; publishLocked keeps both.
-	state           string
-	stateSince      time.Time
-	restored        time.Time     // when u last turned healthy or not suspect again
+	// shown is the state's word that /upstreams showed last, since
+	// shownSince; publishLocked keeps both.
+	shown           string
+	shownSince      time.Time
 	tier            int           // set by latencySelector when hasTier
 	rtt             time.Duration // smoothed connect time of successful checks
 	hasTier, hasRTT bool
-	// suspect is set from the first failed check or dial until the next
-	// success that may restore it (see applyLocked); its sockets then use
-	// the sweep's settings (see sweep.go).
 	// evicted is set once its connections were closed while unready, until
 	// it is ready again.
-	suspect, evicted bool
-	rd               readiness // with --health-check=readyz only
-
-	draining, removed bool
-	drainDeadline     time.Time
-	conns             map[*proxyConn]struct{}
-	stopProbes        context.CancelFunc
+	evicted       bool
+	drainDeadline time.Time
+	conns         map[*proxyConn]struct{}
+	stopProbes    context.CancelFunc
 
 	// The three deadlines of an upstream, one mechanism (see pool.arm): the
 	// end of its drain, the closing of its connections while it is unready
@@ -275,15 +268,15 @@ func (p *pool) update(addrs []string) {
 	for _, addr := range addrs {
 		if u, ok := p.upstreams[addr]; !ok {
 			p.addLocked(addr)
-		} else if u.draining {
-			u.draining = false
+		} else if u.h.state == upDraining {
+			u.h.state = u.h.resume
 			p.stop(&u.drain)
 			p.startProbesLocked(u)
 			p.note(u, slog.LevelInfo, "upstream re-added, drain aborted", "connections", len(u.conns))
 		}
 	}
 	for addr, u := range p.upstreams {
-		if !slices.Contains(addrs, addr) && !u.draining {
+		if !slices.Contains(addrs, addr) && u.h.state != upDraining {
 			p.startDrainLocked(u)
 		}
 	}
@@ -298,8 +291,7 @@ func (p *pool) addLocked(addr string) {
 		connGauge:   p.m.upstreamConns.WithLabelValues(addr),
 		counters:    newConnCounters(p.m, addr),
 		recheck:     make(chan struct{}, 1),
-		healthy:     true, // a new upstream takes picks before its first check
-		rd:          readiness{pending: true},
+		h:           newHealth(healthRules{p.cfg.readyz, p.cfg.interval}),
 		conns:       map[*proxyConn]struct{}{},
 	}
 	p.upstreams[addr] = u
@@ -317,7 +309,7 @@ func (p *pool) startProbesLocked(u *upstream) {
 // startDrainLocked stops routing to u and gives its connections
 // drainTimeout to finish. Health checks stop while it drains.
 func (p *pool) startDrainLocked(u *upstream) {
-	u.draining = true
+	u.h.resume, u.h.state = u.h.state, upDraining
 	u.stopProbes()
 	if len(u.conns) == 0 || p.cfg.drainTimeout == 0 {
 		p.note(u, slog.LevelInfo, "upstream removed", "connections_closed", len(u.conns))
@@ -344,7 +336,7 @@ func (p *pool) startDrainLocked(u *upstream) {
 // deletes its metric series.
 func (p *pool) removeLocked(u *upstream) {
 	p.stopDeadlinesLocked(u)
-	u.removed = true
+	u.h.state = upRemoved
 	delete(p.upstreams, u.addr)
 	u.closeConns(connEndDrain)
 	clear(u.conns)
@@ -365,7 +357,7 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 	if res.err == nil && res.notReady == nil {
 		u.lastGood = u.lastCheck
 	}
-	if u.removed || u.draining {
+	if u.h.state >= upDraining {
 		return false // checks stop while draining; the state holds until removal
 	}
 	if res.err == nil {
@@ -377,9 +369,9 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 		p.publishLocked()
 	}
 	if res.err != nil {
-		return u.healthy
+		return u.h.healthy()
 	}
-	return p.cfg.readyz && res.notReady != nil && u.rd.ready
+	return p.cfg.readyz && res.notReady != nil && u.h.ready()
 }
 
 // reportDial applies a failed client dial to u, a failed connect for
@@ -390,14 +382,14 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 func (p *pool) reportDial(u *upstream, err error) {
 	p.mu.Lock()
 	defer p.unlock()
-	if !u.removed && !u.draining && p.applyLocked(u, checkResult{err: err}) {
+	if u.h.state < upDraining && p.applyLocked(u, checkResult{err: err}) {
 		p.publishLocked()
 	}
 	p.confirmLocked(u)
 }
 
 func (p *pool) confirmLocked(u *upstream) {
-	if u.healthy {
+	if u.h.healthy() {
 		select {
 		case u.recheck <- struct{}{}:
 		default: // one pending request is enough
@@ -405,115 +397,196 @@ func (p *pool) confirmLocked(u *upstream) {
 	}
 }
 
-// applyLocked moves u's health and, with readyz, its readiness by one check
-// or dial result, and reports whether either changed. u is neither removed
-// nor draining.
-//
-// A success restores u (healthy, not suspect) at most once per check
-// interval, while failures act at once. An overloaded upstream that accepts
-// some connections and not others would otherwise flip with every client
-// dial and the check each failed dial asks for, and each flip re-applies
-// socket options to all its connections under the pool lock (15-18 ms a
-// flip measured at 3,000 connections). A flapping upstream so stays out
-// until the first success an interval after its last return; one that
-// failed once returns at its first success.
-func (p *pool) applyLocked(u *upstream, res checkResult) (changed bool) {
-	now := time.Now()
-	restore := now.Sub(u.restored) >= p.cfg.interval
-	if res.err == nil {
-		u.failStreak, u.lastHealthy = 0, now
-		if !u.healthy && restore {
-			u.healthy, changed = true, true
-			p.note(u, slog.LevelInfo, "upstream healthy")
-		}
-	} else {
-		u.failStreak++
-		u.lastErr, u.lastErrAt = res.err, now
-		if u.healthy && u.failStreak >= failThreshold {
-			u.healthy, changed = false, true
-			p.note(u, slog.LevelWarn, "upstream unhealthy", "err", res.err, "consecutive_failures", u.failStreak)
-		}
-	}
-	switch {
-	case res.err != nil:
-		p.setSuspectLocked(u, true)
-	case restore && p.setSuspectLocked(u, false) || changed:
-		u.restored = now
-	}
-	if changed {
-		p.m.healthStatus.WithLabelValues(u.addr).Set(boolGauge(u.healthy))
-	}
-	return (p.cfg.readyz && p.applyReadyLocked(u, res)) || changed
+// state is where an upstream stands in the health and readiness rules, in
+// order of preference for new connections. Pending and not-ready rank
+// alike: either takes new connections only while no upstream is ready.
+type state int
+
+const (
+	// upReady: readyz, its last probe passed, or one failed since: two in a
+	// row decide, as the spec's failure threshold does.
+	upReady state = iota
+	// upAwaitingProbe: ready, but a connect failed since its last probe (a
+	// deliberate difference, see health.failedConnect).
+	upAwaitingProbe
+	upHealthy  // tcp: its connects pass
+	upPending  // readyz: reachable, and no probe passed since it was added or unreachable
+	upNotReady // readyz: its probes fail
+	upUnhealthy
+	upDraining // no longer listed: its connections get the drain timeout
+	upRemoved
+)
+
+// word is what /upstreams shows of s (see status.go).
+func (s state) word() string {
+	return [...]string{stateReady, stateReady, stateHealthy, statePending, stateNotReady, stateUnhealthy, stateDraining, "removed"}[s]
 }
 
-// applyReadyLocked moves u's readiness by one result and reports whether
-// it changed.
-func (p *pool) applyReadyLocked(u *upstream, res checkResult) bool {
-	was := u.rd
-	if !u.rd.step(res, u.healthy) {
-		return false
-	}
-	if u.rd.known {
-		p.m.upstreamReady.WithLabelValues(u.addr).Set(boolGauge(u.rd.ready))
-	}
-	switch {
-	case u.rd.ready && !was.ready:
-		p.note(u, slog.LevelInfo, "upstream ready")
-	case !u.rd.ready && (was.ready || was.pending && !u.rd.pending):
-		// Turning unready, or found unready by the first probe after a
-		// reset: either way the operator learns why.
-		p.note(u, slog.LevelWarn, "upstream not ready", "err", cmp.Or(res.err, res.notReady))
-	}
-	return u.rd != was
-}
-
-// readiness is an upstream's /readyz state, with --health-check=readyz.
-type readiness struct {
-	// pending means not ready until a probe passes: new, or unreachable
-	// since. known means a probe has run, so upstream_ready is exported.
-	// reprobe is set by a failed connect while the upstream stays healthy:
-	// it keeps its readiness, but gets new connections only while no other
-	// ready upstream is free of it, and one failed probe makes it not
-	// ready. A passing probe clears it.
-	ready, pending, known, reprobe bool
-	streak                         int // failed probes in a row
-	// graceFrom is when the drain timeout before an unready upstream's
-	// connections are closed starts: when the first failed probe of the
-	// streak began, when a connection reached it after its connections
-	// were closed (see connected), or, zero, when the closing comes due
-	// after no upstream was ready (see updateEvictionsLocked).
+// health is an upstream's state with the counts its rules need. step is
+// its transition function; applyLocked applies what a step changed.
+type health struct {
+	state  state
+	resume state // the state a drain taken back returns to
+	fails  int   // failed connects in a row
+	// probeFails counts failed probes in a row; probed is set once a probe
+	// has run, so upstream_ready is exported.
+	probeFails int
+	probed     bool
+	// suspect is set from a failed connect until a success may restore it;
+	// its sockets then use the sweep's settings (see sweep.go). restored is
+	// when it last turned healthy or stopped being suspect.
+	suspect  bool
+	restored time.Time
+	// lastHealthy, the last successful connect, orders last-resort dials.
+	lastHealthy time.Time
+	// graceFrom is when the drain timeout before a not-ready upstream's
+	// connections close starts: when the first failed probe of the streak
+	// began, when a connection reached it after its connections were
+	// closed (see connected), or, zero, when the closing comes due after no
+	// upstream was ready (see updateEvictionsLocked).
 	graceFrom time.Time
 }
 
-// step applies one check result to r and reports false when the result
-// says nothing about readiness. healthy is the upstream's health after it.
-func (r *readiness) step(res checkResult, healthy bool) bool {
+// healthRules are the pool's settings that step reads.
+type healthRules struct {
+	readyz   bool
+	interval time.Duration
+}
+
+// newHealth is the state of an upstream just added: it takes picks before
+// its first check, with readyz only while none is ready.
+func newHealth(r healthRules) health {
+	if r.readyz {
+		return health{state: upPending}
+	}
+	return health{state: upHealthy}
+}
+
+// healthy reports whether h's connects pass, draining or not.
+func (h health) healthy() bool { return h.base() < upUnhealthy }
+
+// ready reports whether h's probes pass, draining or not.
+func (h health) ready() bool { return h.base() <= upAwaitingProbe }
+
+// base is h's state, or the one before its drain.
+func (h health) base() state {
+	if h.state >= upDraining {
+		return h.resume
+	}
+	return h.state
+}
+
+// step returns h after one check or dial result at now. h is neither
+// draining nor removed: checks stop then.
+func (h health) step(res checkResult, now time.Time, r healthRules) health {
+	if res.err != nil {
+		return h.failedConnect()
+	}
+	// A success restores (healthy, not suspect) at most once per check
+	// interval, while failures act at once. An overloaded upstream that
+	// accepts some connections and not others would otherwise flip with
+	// every client dial and the check each failed dial asks for, and each
+	// flip re-applies socket options to all its connections under the pool
+	// lock (15-18 ms a flip measured at 3,000 connections). A flapping
+	// upstream so stays out until the first success an interval after its
+	// last return; one that failed once returns at its first success.
+	restore := now.Sub(h.restored) >= r.interval
+	h.fails, h.lastHealthy = 0, now
+	turned := h.state == upUnhealthy && restore
+	if turned {
+		h.state = newHealth(r).state // with readyz, pending until a probe passes
+	}
+	if restore && (h.suspect || turned) {
+		h.suspect, h.restored = false, now
+	}
+	if !r.readyz || !res.probed || h.state == upUnhealthy {
+		return h
+	}
+	return h.probe(res)
+}
+
+// failedConnect is step for a failed connect or dial.
+func (h health) failedConnect() health {
+	h.fails++
+	h.suspect = true
 	switch {
-	case res.err != nil && healthy:
+	case h.state == upUnhealthy:
+	case h.fails >= failThreshold:
+		// The spec's failure threshold; readiness starts over, so the
+		// upstream is not ready until a probe passes again.
+		h.state, h.probeFails = upUnhealthy, 0
+	case h.state == upReady:
 		// One failed connect leaves the last probe's verdict standing:
 		// resetting it would call off the closing of other upstreams'
 		// connections, and a lost SYN per drain timeout would put that off
 		// for ever. Until a probe passes, though, the upstream is the last
 		// choice among the ready, and an API server that restarted still
 		// cut off from etcd gets no new connections meanwhile.
-		r.reprobe = true
-	case res.err != nil: // unreachable: not ready until a probe passes again
-		r.ready, r.pending, r.streak, r.reprobe = false, true, 0, false
-	case !res.probed:
-		return false
-	case res.notReady == nil:
-		r.ready, r.pending, r.streak, r.reprobe, r.known = true, false, 0, false, true
-	default:
-		if r.streak == 0 {
-			r.graceFrom = res.start
-		}
-		r.streak++
-		if r.pending || r.reprobe || r.streak >= failThreshold {
-			r.ready, r.pending = false, false
-		}
-		r.reprobe, r.known = false, true
+		h.state = upAwaitingProbe
 	}
-	return true
+	return h
+}
+
+// probe is step for a /readyz probe that ran after a successful connect.
+func (h health) probe(res checkResult) health {
+	h.probed = true
+	if res.notReady == nil {
+		h.state, h.probeFails = upReady, 0
+		return h
+	}
+	if h.probeFails == 0 {
+		h.graceFrom = res.start
+	}
+	h.probeFails++
+	// The failure threshold, for a ready upstream; one that has not passed
+	// a probe since it was added or unreachable, or whose connect failed
+	// since its last probe, is not ready at its first failed probe.
+	if h.state != upReady || h.probeFails >= failThreshold {
+		h.state = upNotReady
+	}
+	return h
+}
+
+// applyLocked moves u's state by one check or dial result, applies what
+// changed (metrics, log lines, the sweep's socket settings) and reports
+// whether the state changed. u is neither removed nor draining.
+func (p *pool) applyLocked(u *upstream, res checkResult) (changed bool) {
+	was, now := u.h, time.Now()
+	u.h = was.step(res, now, healthRules{p.cfg.readyz, p.cfg.interval})
+	if res.err != nil {
+		u.lastErr, u.lastErrAt = res.err, now
+	}
+	if u.h.suspect != was.suspect {
+		p.setSuspectLocked(u)
+	}
+	err := cmp.Or(res.err, res.notReady)
+	if u.h.healthy() != was.healthy() {
+		p.m.healthStatus.WithLabelValues(u.addr).Set(boolGauge(u.h.healthy()))
+		if u.h.healthy() {
+			p.note(u, slog.LevelInfo, "upstream healthy")
+		} else {
+			p.note(u, slog.LevelWarn, "upstream unhealthy", "err", err, "consecutive_failures", u.h.fails)
+		}
+	}
+	if p.cfg.readyz {
+		p.noteReadyLocked(u, was, err)
+	}
+	return u.h.state != was.state || u.h.probed != was.probed
+}
+
+// noteReadyLocked exports u's readiness and logs its change from was.
+func (p *pool) noteReadyLocked(u *upstream, was health, err error) {
+	if u.h.probed {
+		p.m.upstreamReady.WithLabelValues(u.addr).Set(boolGauge(u.h.ready()))
+	}
+	switch {
+	case u.h.ready() && !was.ready():
+		p.note(u, slog.LevelInfo, "upstream ready")
+	case was.ready() && !u.h.ready() || u.h.state == upNotReady && was.state != upNotReady:
+		// Turning unready, or found unready by the first probe after a
+		// reset: either way the operator learns why.
+		p.note(u, slog.LevelWarn, "upstream not ready", "err", err)
+	}
 }
 
 // connected records a successful client dial to u and attaches pc to it. It
@@ -521,7 +594,7 @@ func (r *readiness) step(res checkResult, healthy bool) bool {
 func (p *pool) connected(u *upstream, pc *proxyConn) bool {
 	p.mu.Lock()
 	defer p.unlock()
-	if u.draining || u.removed || p.closed {
+	if u.h.state >= upDraining || p.closed {
 		return false
 	}
 	if p.applyLocked(u, checkResult{}) {
@@ -535,7 +608,7 @@ func (p *pool) connected(u *upstream, pc *proxyConn) bool {
 	// state change or check, so it is usable meanwhile rather than closed
 	// the moment it was made.
 	if u.evicted {
-		u.evicted, u.rd.graceFrom = false, time.Now()
+		u.evicted, u.h.graceFrom = false, time.Now()
 	}
 	return true
 }
@@ -548,7 +621,7 @@ func (p *pool) detach(u *upstream, pc *proxyConn) {
 		delete(u.conns, pc)
 		u.connGauge.Dec()
 	}
-	if u.draining && !u.removed && len(u.conns) == 0 {
+	if u.h.state == upDraining && len(u.conns) == 0 {
 		p.note(u, slog.LevelInfo, "upstream drained")
 		p.removeLocked(u)
 		p.publishLocked()
@@ -585,21 +658,21 @@ func (p *pool) publishLocked() {
 	drains := 0
 	now := time.Now()
 	for _, u := range all {
-		if st := p.stateLocked(u); st != u.state {
-			u.state, u.stateSince = st, now
+		if w := u.h.state.word(); w != u.shown {
+			u.shown, u.shownSince = w, now
 		}
 		switch {
-		case u.draining && u.drain.pending():
+		case u.h.state == upDraining && u.drain.pending():
 			drains++
-		case u.draining:
-		case u.healthy:
+		case u.h.state == upDraining:
+		case u.h.healthy():
 			candidates = append(candidates, u)
 			fallthrough
 		default:
 			s.fallback = append(s.fallback, u)
 		}
 	}
-	slices.SortStableFunc(s.fallback, func(a, b *upstream) int { return b.lastHealthy.Compare(a.lastHealthy) })
+	slices.SortStableFunc(s.fallback, func(a, b *upstream) int { return b.h.lastHealthy.Compare(a.h.lastHealthy) })
 	s.healthy = len(candidates)
 	if p.cfg.readyz {
 		candidates = p.readyFirstLocked(all, candidates)
@@ -636,9 +709,9 @@ func (p *pool) noteUsableLocked(usable int) {
 // their last probe while any is; with none ready, every healthy one stays,
 // so losing quorum everywhere degrades to tcp. It updates the evictions.
 func (p *pool) readyFirstLocked(all, candidates []*upstream) []*upstream {
-	ready := slices.DeleteFunc(slices.Clone(candidates), func(u *upstream) bool { return !u.rd.ready })
+	ready := slices.DeleteFunc(slices.Clone(candidates), func(u *upstream) bool { return !u.h.ready() })
 	p.updateEvictionsLocked(all, len(ready))
-	if settled := slices.DeleteFunc(slices.Clone(ready), func(u *upstream) bool { return u.rd.reprobe }); len(settled) > 0 {
+	if settled := slices.DeleteFunc(slices.Clone(ready), func(u *upstream) bool { return u.h.state != upReady }); len(settled) > 0 {
 		return settled
 	}
 	if len(ready) > 0 {
@@ -653,7 +726,7 @@ func (p *pool) readyFirstLocked(all, candidates []*upstream) []*upstream {
 // long-lived clients (kubelet watches) move to a ready one.
 func (p *pool) updateEvictionsLocked(all []*upstream, ready int) {
 	for _, u := range all {
-		want := !u.draining && !u.rd.ready && !u.rd.pending && ready > 0
+		want := u.h.state == upNotReady && ready > 0
 		switch {
 		case !want:
 			if p.stop(&u.evict) {
@@ -665,7 +738,7 @@ func (p *pool) updateEvictionsLocked(all []*upstream, ready int) {
 				// upstream is ready again, so the first to recover
 				// from a cluster-wide outage does not get every
 				// other upstream's connections at once.
-				u.rd.graceFrom = time.Time{}
+				u.h.graceFrom = time.Time{}
 			}
 		case u.evict.pending() || u.evicted:
 		default:
@@ -681,10 +754,10 @@ func (p *pool) updateEvictionsLocked(all []*upstream, ready int) {
 // its watchers that much longer without events. The grace is for requests
 // already running, which have had it since the first failure.
 func (p *pool) startEvictionLocked(u *upstream) {
-	if u.rd.graceFrom.IsZero() {
-		u.rd.graceFrom = time.Now()
+	if u.h.graceFrom.IsZero() {
+		u.h.graceFrom = time.Now()
 	}
-	delay, w := p.cfg.drainTimeout-time.Since(u.rd.graceFrom), p.spreadWindow()
+	delay, w := p.cfg.drainTimeout-time.Since(u.h.graceFrom), p.spreadWindow()
 	switch {
 	case p.cfg.drainTimeout == 0 || delay <= 0:
 		p.evictLocked(u, 0)

@@ -129,10 +129,10 @@ func (tp *testPool) upstream(addr string) *upstream {
 	return tp.upstreams[addr]
 }
 
-func (tp *testPool) rd(addr string) readiness {
+func (tp *testPool) health(addr string) health {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
-	return tp.upstreams[addr].rd
+	return tp.upstreams[addr].h
 }
 
 // poolOf is newTestPool serving addrs after their first checks; it closes
@@ -509,7 +509,7 @@ func TestSweepDeadline(t *testing.T) {
 		time.Sleep(time.Nanosecond)
 		synctest.Wait()
 		tp.mu.Lock()
-		suspect, pending := u.suspect, u.sweep.pending()
+		suspect, pending := u.h.suspect, u.sweep.pending()
 		tp.mu.Unlock()
 		if !suspect || pending {
 			t.Errorf("at stalledAfter: suspect=%v, sweep pending=%v; want still suspect, the sweep done", suspect, pending)
@@ -749,7 +749,7 @@ func TestQuickRecheckConfirmsFailureInSeconds(t *testing.T) {
 		tp.checks.setUnready(a, true)
 		time.Sleep(21 * time.Second) // the probe at 20 s fails, and the one at 21 s
 		synctest.Wait()
-		if tp.rd(a).ready {
+		if tp.health(a).ready() {
 			t.Error("ready 1 s after the first failed probe; want not ready")
 		}
 		tp.checks.setUnready(a, false)
@@ -844,7 +844,7 @@ func TestReadinessStateMachine(t *testing.T) {
 		tp.update([]string{a})
 		// The first probe runs at once and may already have failed, which
 		// clears pending; either way a new upstream is not ready.
-		if tp.rd(a).ready {
+		if tp.health(a).ready() {
 			t.Fatal("new upstream: ready; want not ready")
 		}
 		synctest.Wait() // first probe fails: known not ready at once
@@ -879,8 +879,9 @@ func TestReadinessStateMachine(t *testing.T) {
 			tp.checks.set(a, s.tcpFail)
 			time.Sleep(20 * time.Second)
 			synctest.Wait()
-			if rd := tp.rd(a); rd.ready != s.want || rd.pending != s.pending {
-				t.Errorf("step %d: ready=%v pending=%v; want %v, %v", i, rd.ready, rd.pending, s.want, s.pending)
+			h := tp.health(a)
+			if pending := h.state == upPending || h.state == upUnhealthy; h.ready() != s.want || pending != s.pending {
+				t.Errorf("step %d: %s; want ready=%v pending=%v", i, h.state.word(), s.want, s.pending)
 			}
 			if got, want := tp.readyGauge(a), boolGauge(s.want); got != want {
 				t.Errorf("step %d: upstream_ready got %v; want %v", i, got, want)
@@ -965,7 +966,7 @@ func TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout(t *testing.T) {
 		time.Sleep(21 * time.Second) // b's check at 60 s fails
 		synctest.Wait()
 		tp.checks.set(b, false)
-		if !tp.rd(b).ready {
+		if !tp.health(b).ready() {
 			t.Fatal("after one failed check of b: b not ready; want ready")
 		}
 		if got := picks(tp.pool, 200); got[b] != 200 {
@@ -1023,8 +1024,8 @@ func TestEvictionGraceAfterNoneReady(t *testing.T) {
 		tp.checks.setUnready(b, false)
 		time.Sleep(11 * time.Second) // b ready at 60 s
 		synctest.Wait()
-		if !tp.rd(b).ready || isClosed(held) {
-			t.Fatalf("b ready again at 60 s: ready %v, a's connection closed %v; want ready, open until 90 s", tp.rd(b).ready, isClosed(held))
+		if !tp.health(b).ready() || isClosed(held) {
+			t.Fatalf("b ready again at 60 s: ready %v, a's connection closed %v; want ready, open until 90 s", tp.health(b).ready(), isClosed(held))
 		}
 		time.Sleep(30 * time.Second)
 		synctest.Wait()
@@ -1076,8 +1077,8 @@ func TestEvictionDrainZeroClosesAtOnce(t *testing.T) {
 		tp.checks.set(a, true)
 		time.Sleep(40 * time.Second)
 		synctest.Wait()
-		if !tp.rd(a).pending || isClosed(held) {
-			t.Fatalf("after two failed connects: readiness pending %v, connection closed %v; want pending, open", tp.rd(a).pending, isClosed(held))
+		if st := tp.health(a).state; st != upUnhealthy || isClosed(held) {
+			t.Fatalf("after two failed connects: state %s, connection closed %v; want unhealthy, open", st.word(), isClosed(held))
 		}
 		tp.checks.set(a, false)
 		tp.checks.setUnready(a, true)
@@ -1107,10 +1108,10 @@ func TestFailedDialsResetReadiness(t *testing.T) {
 		tp.reportDial(u, errCheck)
 		synctest.Wait()
 		tp.mu.Lock()
-		healthy, ready, pending := u.healthy, u.rd.ready, u.rd.pending
+		st := u.h.state
 		tp.mu.Unlock()
-		if healthy || ready || !pending {
-			t.Errorf("after two failed dials: healthy=%v ready=%v pending=%v; want unhealthy, not ready, pending", healthy, ready, pending)
+		if st != upUnhealthy {
+			t.Errorf("after two failed dials: %s; want unhealthy, so not ready until a probe passes", st.word())
 		}
 		if got := tp.readyGauge(a); got != 0 {
 			t.Errorf("after two failed dials: upstream_ready got %v; want 0", got)
@@ -1295,54 +1296,65 @@ func TestSlowLogWriterDoesNotStallPool(t *testing.T) {
 	})
 }
 
-func TestReadinessStep(t *testing.T) {
+// TestHealthStep holds the transition function to the rules: the spec's
+// failure threshold for connects and probes, and the deliberate
+// differences (a failed connect of a ready upstream awaits a probe; a
+// flapping upstream returns at most once per interval).
+func TestHealthStep(t *testing.T) {
+	now := time.Unix(2000, 0)
+	rz, tcp := healthRules{readyz: true, interval: time.Second}, healthRules{interval: time.Second}
 	passed := checkResult{rtt: time.Millisecond, probed: true}
-	failed := checkResult{rtt: time.Millisecond, probed: true, notReady: errNotReady}
-	failedAt := failed
-	failedAt.start = time.Unix(1000, 0)
+	failed := checkResult{rtt: time.Millisecond, probed: true, notReady: errNotReady, start: time.Unix(1999, 0)}
 	connected := checkResult{rtt: time.Millisecond} // a TCP check or client dial
 	unreachable := checkResult{err: errCheck}
+	ready := health{state: upReady, probed: true}
 	tests := []struct {
-		name    string
-		from    readiness
-		res     checkResult
-		healthy bool // after the result
-		want    readiness
-		wantOK  bool
+		name  string
+		from  health
+		res   checkResult
+		rules healthRules
+		want  health // its lastHealthy is set below for a success
 	}{
-		{"a passing probe makes a new upstream ready", readiness{pending: true}, passed, true,
-			readiness{ready: true, known: true}, true},
-		{"a passing probe clears the streak and a failed connect", readiness{ready: true, known: true, streak: 1, reprobe: true}, passed, true,
-			readiness{ready: true, known: true}, true},
-		{"one failed probe leaves a ready upstream ready", readiness{ready: true, known: true}, failed, true,
-			readiness{ready: true, known: true, streak: 1}, true},
-		{"the first failed probe starts the grace", readiness{ready: true, known: true}, failedAt, true,
-			readiness{ready: true, known: true, streak: 1, graceFrom: failedAt.start}, true},
-		{"the second failed probe in a row: not ready", readiness{ready: true, known: true, streak: 1}, failed, true,
-			readiness{known: true, streak: 2}, true},
-		{"the second failed probe keeps the grace's start", readiness{ready: true, known: true, streak: 1}, failedAt, true,
-			readiness{known: true, streak: 2}, true},
-		{"a failed first probe: not ready at once", readiness{pending: true}, failed, true,
-			readiness{known: true, streak: 1}, true},
-		{"a failed probe after a failed connect: not ready at once", readiness{ready: true, known: true, reprobe: true}, failed, true,
-			readiness{known: true, streak: 1}, true},
-		{"a not ready upstream stays so", readiness{known: true, streak: 2}, failed, true,
-			readiness{known: true, streak: 3}, true},
-		{"a failed connect of a healthy upstream keeps the verdict", readiness{ready: true, known: true, streak: 1}, unreachable, true,
-			readiness{ready: true, known: true, streak: 1, reprobe: true}, true},
-		{"a failed connect of a new upstream keeps it pending", readiness{pending: true}, unreachable, true,
-			readiness{pending: true, reprobe: true}, true},
-		{"unreachable: not ready until a probe passes", readiness{ready: true, known: true, streak: 1, reprobe: true}, unreachable, false,
-			readiness{pending: true, known: true}, true},
-		{"a connect without a probe says nothing", readiness{ready: true, known: true, streak: 1, reprobe: true}, connected, true,
-			readiness{ready: true, known: true, streak: 1, reprobe: true}, false},
+		{"a passing probe makes a new upstream ready", newHealth(rz), passed, rz, ready},
+		{"a passing probe clears the streak and a failed connect", health{state: upAwaitingProbe, probed: true, probeFails: 1}, passed, rz, ready},
+		{"one failed probe leaves a ready upstream ready, and starts the grace", ready, failed, rz,
+			health{state: upReady, probed: true, probeFails: 1, graceFrom: failed.start}},
+		{"the second failed probe in a row: not ready, the grace's start kept", health{state: upReady, probed: true, probeFails: 1, graceFrom: now}, failed, rz,
+			health{state: upNotReady, probed: true, probeFails: 2, graceFrom: now}},
+		{"a failed first probe: not ready at once", newHealth(rz), failed, rz,
+			health{state: upNotReady, probed: true, probeFails: 1, graceFrom: failed.start}},
+		{"a failed probe after a failed connect: not ready at once", health{state: upAwaitingProbe, probed: true, fails: 1, suspect: true}, failed, rz,
+			health{state: upNotReady, probed: true, probeFails: 1, graceFrom: failed.start, restored: now}},
+		{"a not ready upstream stays so", health{state: upNotReady, probed: true, probeFails: 2}, failed, rz,
+			health{state: upNotReady, probed: true, probeFails: 3}},
+		{"a failed connect of a ready upstream keeps the verdict, awaiting a probe", health{state: upReady, probed: true, probeFails: 1}, unreachable, rz,
+			health{state: upAwaitingProbe, probed: true, probeFails: 1, fails: 1, suspect: true}},
+		{"a failed connect of a new upstream keeps it pending", newHealth(rz), unreachable, rz,
+			health{state: upPending, fails: 1, suspect: true}},
+		{"two failed connects: unhealthy, and not ready until a probe passes", health{state: upAwaitingProbe, probed: true, probeFails: 1, fails: 1, suspect: true}, unreachable, rz,
+			health{state: upUnhealthy, probed: true, fails: 2, suspect: true}},
+		{"a connect without a probe says nothing of readiness", health{state: upAwaitingProbe, probed: true, probeFails: 1}, connected, rz,
+			health{state: upAwaitingProbe, probed: true, probeFails: 1}},
+		{"an unhealthy upstream that connects is pending", health{state: upUnhealthy, fails: 2, suspect: true}, connected, rz,
+			health{state: upPending, restored: now}},
+		{"tcp: two failed connects make it unhealthy", health{state: upHealthy, fails: 1, suspect: true}, unreachable, tcp,
+			health{state: upUnhealthy, fails: 2, suspect: true}},
+		{"tcp: one failed connect leaves it healthy, suspect", newHealth(tcp), unreachable, tcp,
+			health{state: upHealthy, fails: 1, suspect: true}},
+		{"tcp: a probe result is not read", newHealth(tcp), failed, tcp, newHealth(tcp)},
+		{"tcp: a success restores an unhealthy upstream", health{state: upUnhealthy, fails: 3, suspect: true}, connected, tcp,
+			health{state: upHealthy, restored: now}},
+		{"tcp: but within an interval of its last return it stays out", health{state: upUnhealthy, fails: 3, suspect: true, restored: now.Add(-time.Second / 2)}, connected, tcp,
+			health{state: upUnhealthy, suspect: true, restored: now.Add(-time.Second / 2)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := tt.from
-			ok := got.step(tt.res, tt.healthy)
-			if got != tt.want || ok != tt.wantOK {
-				t.Errorf("got %+v, %v; want %+v, %v", got, ok, tt.want, tt.wantOK)
+			want := tt.want
+			if tt.res.err == nil {
+				want.lastHealthy = now
+			}
+			if got := tt.from.step(tt.res, now, tt.rules); got != want {
+				t.Errorf("got  %+v\nwant %+v", got, want)
 			}
 		})
 	}
