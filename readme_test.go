@@ -49,7 +49,7 @@ func TestREADMEFlagTable(t *testing.T) {
 	}
 	if *updateReadme {
 		out := bytes.Join([][]byte{before, []byte(flagsBegin), []byte(want), []byte(flagsEnd), after}, nil)
-		if err := os.WriteFile("README.md", out, 0o644); err != nil { //nolint:gosec // README.md is world-readable like every file of the repository
+		if err := os.WriteFile("README.md", out, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
