@@ -73,24 +73,15 @@ func (r *readyzProbe) transport(addr string, sum [sha256.Size]byte) *keptTranspo
 }
 
 // forget closes addr's kept connection, if any; a probe loop that ends
-// calls it (poolConfig.forget).
+// calls it (poolConfig.forget). The loop of the same upstream, added again,
+// may have a probe on the transport forgotten: CloseIdleConnections also
+// closes a connection that turns idle after it, until the next request.
 func (r *readyzProbe) forget(addr string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if kt := r.kept[addr]; kt != nil {
 		kt.CloseIdleConnections()
 		delete(r.kept, addr)
-	}
-}
-
-// dropIfForgotten closes what kt keeps when addr's transport is no longer
-// kt: the probe loop of a removed upstream forgot it while the loop of the
-// same upstream, added again, was using it.
-func (r *readyzProbe) dropIfForgotten(addr string, kt *keptTransport) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.kept[addr] != kt {
-		kt.CloseIdleConnections()
 	}
 }
 

@@ -30,7 +30,8 @@ type kpServer struct {
 	handshakes, reqs atomic.Int32
 	status           atomic.Int32
 	hang             atomic.Bool   // /readyz waits for release
-	release          chan struct{} // closed at the test's end
+	release          chan struct{} // closed by unhang, at the latest at the test's end
+	unhang           func()
 	mu               sync.Mutex
 	lastClient       string
 }
@@ -65,7 +66,8 @@ func kpStart(t *testing.T, k *rzPKI) *kpServer {
 	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the TCP checks' connections end in resets
 	s.srv.StartTLS()
 	t.Cleanup(s.srv.Close)
-	t.Cleanup(func() { close(s.release) }) // runs first: the handlers return, then Close
+	s.unhang = sync.OnceFunc(func() { close(s.release) })
+	t.Cleanup(s.unhang) // runs first: the handlers return, then Close
 	s.addr = s.srv.Listener.Addr().String()
 	return s
 }
@@ -180,6 +182,23 @@ func TestReadyzProbeRotationMakesNewConnection(t *testing.T) {
 		}
 	}
 	kpCounts(t, s, 2, 4)
+}
+
+// A probe loop that ends forgets its upstream's transport while the loop
+// of the same upstream, added again, has a probe on it: the connection that
+// probe leaves is closed, not kept by a transport no probe uses any more.
+func TestReadyzProbeForgetDuringProbe(t *testing.T) {
+	pki := rzNewPKI(t)
+	s := kpStart(t, pki)
+	p := pki.probe()
+	s.hang.Store(true)
+	done := make(chan checkResult, 1)
+	go func() { res, _ := rzCheck(p, s.addr, 5*time.Second); done <- res }()
+	waitFor(t, "the probe to reach /readyz", func() bool { return s.reqs.Load() == 1 })
+	p.forget(s.addr)
+	s.unhang()
+	rzWantReady(t, <-done)
+	waitFor(t, "the probe's connection closed", func() bool { return s.accepted.Load() == s.closed.Load() })
 }
 
 func TestKeptTransportUsable(t *testing.T) {

@@ -197,7 +197,6 @@ func (r *readyzProbe) probe(ctx context.Context, addr string, c net.Conn) error 
 	// otherwise.
 	_, _ = io.CopyN(io.Discard, resp.Body, maxReadyzResponse)
 	_ = resp.Body.Close()
-	r.dropIfForgotten(addr, kt)
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%w: status %d", errNotReady, resp.StatusCode)
 	}
