@@ -7,15 +7,23 @@ package main
 // The TCP check stays a fresh connect each time, so a black hole or a
 // restart is seen exactly as before; the kept connection only carries the
 // request.
+//
+// Each upstream has its own http.Transport, which keeps the connection
+// alive between probes, drops it when the upstream closes it or asks to,
+// and sends the request again over a new one when a kept connection turns
+// out closed before the answer. Its only way to make a connection is
+// dialFresh: a handshake on the connection the probe's TCP check has just
+// made, so a probe never connects twice.
 
 import (
-	"bufio"
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"errors"
 	"fmt"
-	"io"
+	"net"
 	"net/http"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -26,48 +34,96 @@ import (
 // One handshake per five minutes is noise beside one per probe.
 const keptMaxAge = 5 * time.Minute
 
-// keptConn is a probe connection kept between probes, with the credentials
-// it was made with.
-type keptConn struct {
-	tc    *tls.Conn
+// keptTransport is an upstream's transport, with the credentials its
+// connections were made with and when it began to make them.
+type keptTransport struct {
+	*http.Transport
 	creds [sha256.Size]byte
 	since time.Time
 }
 
-// keptConns holds each upstream's kept connection while no probe uses it.
-// A probe takes its upstream's connection out and puts it back when it may
-// serve the next one, so a connection has one user at a time; mu guards
-// only the map. A probe loop that ends forgets its upstream's connection.
-type keptConns struct {
-	mu    sync.Mutex
-	conns map[string]*keptConn
+// usable says whether kt's connections may carry a probe with the
+// credentials sum.
+func (kt *keptTransport) usable(sum [sha256.Size]byte, now time.Time) bool {
+	return kt.creds == sum && now.Sub(kt.since) < keptMaxAge
 }
 
-func (k *keptConns) take(addr string) *keptConn {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	kc := k.conns[addr]
-	delete(k.conns, addr)
-	return kc
+// transport returns addr's transport, its kept connection closed first
+// when it is keptMaxAge old or was made with other credentials than sum.
+func (r *readyzProbe) transport(addr string, sum [sha256.Size]byte) *keptTransport {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kt := r.kept[addr]
+	if kt == nil {
+		// No Proxy: the probe is for the upstream itself, whatever the
+		// environment says. HTTP/1.1 only (dialFresh offers nothing else):
+		// an HTTP/2 connection reads an answer's data up to its flow
+		// control window, megabytes, whether the probe reads it or not.
+		kt = &keptTransport{Transport: &http.Transport{DialTLSContext: dialFresh, MaxResponseHeaderBytes: maxReadyzResponse}}
+		if r.kept == nil {
+			r.kept = make(map[string]*keptTransport)
+		}
+		r.kept[addr] = kt
+	}
+	if now := time.Now(); !kt.usable(sum, now) {
+		kt.CloseIdleConnections()
+		kt.creds, kt.since = sum, now
+	}
+	return kt
 }
 
-func (k *keptConns) put(addr string, kc *keptConn) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.conns == nil {
-		k.conns = make(map[string]*keptConn)
+// forget closes addr's kept connection, if any; a probe loop that ends
+// calls it (poolConfig.forget). The loop of the same upstream, added again,
+// may have a probe on the transport forgotten: CloseIdleConnections also
+// closes a connection that turns idle after it, until the next request.
+func (r *readyzProbe) forget(addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if kt := r.kept[addr]; kt != nil {
+		kt.CloseIdleConnections()
+		delete(r.kept, addr)
 	}
-	if old := k.conns[addr]; old != nil {
-		closeAbortive(old.tc) // the probe loop of a re-added upstream raced this one
-	}
-	k.conns[addr] = kc
 }
 
-// forget closes addr's kept connection, if any.
-func (k *keptConns) forget(addr string) {
-	if kc := k.take(addr); kc != nil {
-		closeAbortive(kc.tc)
+// freshConn is the connection a probe's TCP check has just made, for
+// dialFresh to take once, with the probe's TLS configuration and deadline.
+type freshConn struct {
+	c        net.Conn
+	cfg      *tls.Config
+	deadline time.Time
+	taken    atomic.Bool
+}
+
+type freshConnKey struct{}
+
+// closeUnused closes f's connection unless dialFresh took it.
+func (f *freshConn) closeUnused() {
+	if f.taken.CompareAndSwap(false, true) {
+		closeAbortive(f.c)
 	}
+}
+
+// dialFresh is the transports' DialTLSContext: a TLS handshake on the
+// probe's fresh connection, within the probe's deadline. The transport
+// detaches a dial from its request's cancellation: a probe cancelled
+// before the deadline returns at once, and forget, which follows when the
+// probe loop ends, cancels the handshake.
+func dialFresh(ctx context.Context, _, _ string) (net.Conn, error) {
+	f, _ := ctx.Value(freshConnKey{}).(*freshConn)
+	if f == nil || !f.taken.CompareAndSwap(false, true) {
+		return nil, errors.New("no fresh connection for a handshake")
+	}
+	if sock, ok := f.c.(*net.TCPConn); ok {
+		_ = sock.SetLinger(0) // every close of it a reset, as closeAbortive says
+	}
+	_ = f.c.SetDeadline(f.deadline)
+	tc := tls.Client(f.c, f.cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		closeAbortive(f.c)
+		return nil, fmt.Errorf("TLS handshake: %w", err)
+	}
+	_ = f.c.SetDeadline(time.Time{}) // the transport heeds each request's context
+	return tc, nil
 }
 
 // credsSum identifies the credentials a TLS configuration was built from:
@@ -84,27 +140,4 @@ func credsSum(caPEM []byte, cert *tls.Certificate) [sha256.Size]byte {
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
 	return sum
-}
-
-// usable says whether kc may carry a probe with the credentials sum.
-func (kc *keptConn) usable(sum [sha256.Size]byte, now time.Time) bool {
-	return kc.creds == sum && now.Sub(kc.since) < keptMaxAge
-}
-
-// readyzRoundTrip sends req over tc and reads the answer's status, bounded
-// by maxReadyzResponse. reusable is set when the answer was read to its
-// end, nothing followed it, and the upstream did not ask to close: the
-// next probe may use tc. err is a failure to send or to read the status.
-func readyzRoundTrip(tc *tls.Conn, req *http.Request) (status int, reusable bool, err error) {
-	if err := req.Write(tc); err != nil {
-		return 0, false, fmt.Errorf("readyz: send request: %w", err)
-	}
-	br := bufio.NewReader(io.LimitReader(tc, maxReadyzResponse))
-	resp, err := http.ReadResponse(br, req)
-	if err != nil {
-		return 0, false, fmt.Errorf("readyz: read response: %w", err)
-	}
-	_, drainErr := io.Copy(io.Discard, resp.Body)
-	_ = resp.Body.Close()
-	return resp.StatusCode, drainErr == nil && !resp.Close && br.Buffered() == 0, nil
 }

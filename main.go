@@ -312,7 +312,7 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string, hangups <-chan os.S
 			caFile: cfg.HealthCheckCAFile, certFile: cfg.HealthCheckCertFile, keyFile: cfg.HealthCheckKeyFile,
 			tokenFile: cfg.HealthCheckTokenFile, serverName: cfg.HealthCheckServerName,
 		}
-		check, pc.forget = rp.check, rp.kept.forget
+		check, pc.forget = rp.check, rp.forget
 	}
 	usable := make(chan struct{})
 	pl := newPool(log, m, pc, onFirstPass(check, usable), sel)

@@ -8,12 +8,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -58,9 +59,6 @@ func connectTimed(ctx context.Context, addr string) (net.Conn, time.Duration, er
 // normally leaves a TIME_WAIT socket behind for every check; one check every
 // few seconds from every node adds up on the API servers.
 func closeAbortive(c net.Conn) {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn() // the reset goes to the socket underneath
-	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0) // best effort: a plain close is still correct
 	}
@@ -142,7 +140,8 @@ type readyzProbe struct {
 	// readFile, if set, replaces readFileAtMost for the credentials: tests
 	// rotate a file between two reads with it.
 	readFile func(path string) ([]byte, error)
-	kept     keptConns
+	mu       sync.Mutex                // guards kept
+	kept     map[string]*keptTransport // by upstream address
 }
 
 // maxCredentialBytes bounds each credential file a probe reads: a CA bundle
@@ -156,8 +155,9 @@ func (r *readyzProbe) read(path string) ([]byte, error) {
 	return readFileAtMost(path, maxCredentialBytes)
 }
 
-// maxReadyzResponse bounds what a probe reads of an answer, so an upstream
-// sending endless headers costs a few kilobytes, not memory.
+// maxReadyzResponse bounds what a probe reads of an answer's status line
+// and headers, and again of its body, so an upstream sending endless
+// headers or an endless body costs a few kilobytes, not memory or time.
 const maxReadyzResponse = 64 << 10
 
 var errNotReady = errors.New("readyz: not ready")
@@ -165,102 +165,42 @@ var errNotReady = errors.New("readyz: not ready")
 func (r *readyzProbe) check(ctx context.Context, addr string) checkResult {
 	c, rtt, err := connectTimed(ctx, addr)
 	if err != nil {
-		r.kept.forget(addr) // refused or unreachable: the kept connection is of no use
+		r.forget(addr) // refused or unreachable: the kept connection is of no use
 		return checkResult{err: err}
 	}
-	kc := r.kept.take(addr)
-	// Reads and writes heed only deadlines; cancelling ctx (the pool
-	// shutting down, the upstream draining) must end them too.
-	stop := context.AfterFunc(ctx, func() {
-		_ = c.SetDeadline(time.Unix(1, 0))
-		if kc != nil {
-			_ = kc.tc.SetDeadline(time.Unix(1, 0))
-		}
-	})
-	defer stop()
-	return checkResult{rtt: rtt, probed: true, notReady: r.probeKept(ctx, addr, c, kc)}
+	return checkResult{rtt: rtt, probed: true, notReady: r.probe(ctx, addr, c)}
 }
 
-// probeKept asks over kc when it may serve, and over the fresh connection
-// c otherwise, or when kc fails before an answer: an upstream closes idle
-// connections, and a restart closes them all, which is no reason to fail a
-// probe that a fresh connection passes. Both connections are its to close;
-// the one that answered is kept when it may serve the next probe.
-func (r *readyzProbe) probeKept(ctx context.Context, addr string, c net.Conn, kc *keptConn) error {
-	if kc != nil {
-		if _, sum, err := r.tlsConfig(); err == nil && kc.usable(sum, time.Now()) {
-			answered, reusable, err := r.ask(ctx, kc)
-			if answered || errors.Is(err, os.ErrDeadlineExceeded) {
-				// An answer, or the whole deadline spent waiting for one.
-				closeAbortive(c)
-				r.keep(addr, kc, answered && reusable)
-				return err
-			}
-		}
-		closeAbortive(kc.tc)
-	}
-	kc, reusable, err := r.probe(ctx, c)
-	if kc != nil {
-		r.keep(addr, kc, reusable)
-	}
-	return err
-}
-
-func (r *readyzProbe) keep(addr string, kc *keptConn, reusable bool) {
-	if reusable {
-		r.kept.put(addr, kc)
-		return
-	}
-	closeAbortive(kc.tc)
-}
-
-// probe sends GET /readyz over a TLS connection on c and reports nil for a
-// 200 answer. Redirects are not followed: they are answers other than 200.
-// kc, when not nil, is the TLS connection that answered, the caller's to
-// keep (reusable) or close; with kc nil, c is closed.
-func (r *readyzProbe) probe(ctx context.Context, c net.Conn) (kc *keptConn, reusable bool, err error) {
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
-	}
+// probe sends GET /readyz to addr within ctx, over its kept connection or
+// a TLS connection on c, and reports nil for a 200 answer. Redirects are
+// not followed: they are answers other than 200. c is closed unless it
+// became the kept connection.
+func (r *readyzProbe) probe(ctx context.Context, addr string, c net.Conn) error {
 	cfg, sum, err := r.tlsConfig()
+	dl, _ := ctx.Deadline()
+	fresh := &freshConn{c: c, cfg: cfg, deadline: dl}
+	defer fresh.closeUnused()
 	if err != nil {
-		closeAbortive(c)
-		return nil, false, err
+		return err
 	}
-	tc := tls.Client(c, cfg)
-	if err := tc.HandshakeContext(ctx); err != nil {
-		closeAbortive(c)
-		return nil, false, fmt.Errorf("readyz: TLS handshake: %w", err)
-	}
-	kc = &keptConn{tc: tc, creds: sum, since: time.Now()}
-	answered, reusable, err := r.ask(ctx, kc)
-	if !answered {
-		closeAbortive(c)
-		return nil, false, err
-	}
-	return kc, reusable, err
-}
-
-// ask sends GET /readyz over kc within ctx's deadline. answered is set when
-// the upstream's status was read, or the request could not be made here
-// (a token file missing): either way another connection would fare no
-// better. reusable says kc may carry the next probe.
-func (r *readyzProbe) ask(ctx context.Context, kc *keptConn) (answered, reusable bool, err error) {
-	if dl, ok := ctx.Deadline(); ok {
-		_ = kc.tc.SetDeadline(dl)
-	}
-	req, err := r.request(ctx)
+	req, err := r.request(context.WithValue(ctx, freshConnKey{}, fresh))
 	if err != nil {
-		return true, true, err
+		return err
 	}
-	status, reusable, err := readyzRoundTrip(kc.tc, req)
+	kt := r.transport(addr, sum)
+	resp, err := kt.RoundTrip(req)
 	if err != nil {
-		return false, false, err
+		return fmt.Errorf("readyz: %w", err)
 	}
-	if status != http.StatusOK {
-		return true, reusable, fmt.Errorf("%w: status %d", errNotReady, status)
+	// Only the status counts. A body read to its end, within the bound,
+	// leaves the connection to the next probe; the transport closes it
+	// otherwise.
+	_, _ = io.CopyN(io.Discard, resp.Body, maxReadyzResponse)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%w: status %d", errNotReady, resp.StatusCode)
 	}
-	return true, reusable, nil
+	return nil
 }
 
 // tlsConfig builds the probe's TLS configuration from the credential

@@ -436,7 +436,7 @@ func TestReadyzProbeBoundsResponseSize(t *testing.T) {
 		c := &rzCountingConn{Conn: raw}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		start := time.Now()
-		_, _, err = pki.probe().probe(ctx, c)
+		err = pki.probe().probe(ctx, addr, c)
 		elapsed := time.Since(start)
 		cancel()
 		closeAbortive(raw)
