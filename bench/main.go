@@ -71,6 +71,7 @@ type config struct {
 	maxTime     time.Duration
 	straceBytes int64
 	keepTmp     bool
+	upSndBuf    int               // -upstream-sndbuf, bytes; 0 leaves the kernel's autotuning
 	alt         map[string]string // -ep-alt: system name → binary
 	altNames    []string          // the -ep-alt names, in the order given
 }
@@ -116,6 +117,7 @@ func parseFlags(args []string) (*config, error) {
 		c.addAlt)
 	fs.BoolVar(&c.keepTmp, "keep-tmp", false, "keep the temp dir with the peers' configs and logs")
 	straceMiB := fs.Int64("strace-mib", 256, "bytes of the bulk download traced with strace, MiB")
+	upSndKiB := fs.Int("upstream-sndbuf", 0, "the generating upstreams' SO_SNDBUF, KiB (0: the kernel's autotuning); below the proxies' receive windows, the upstreams send in their own context, not in the proxy's (see the notes)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -126,6 +128,7 @@ func parseFlags(args []string) (*config, error) {
 	}
 	c.bulkBytes = *bulkMiB << 20
 	c.straceBytes = *straceMiB << 20
+	c.upSndBuf = *upSndKiB << 10
 	c.systems = strings.Split(*systems, ",")
 	if !set["systems"] {
 		c.systems = withAlts(c.systems, c.altNames)
@@ -280,7 +283,7 @@ func run(cfg *config) error {
 // startUpstreams starts n upstreams on 127.0.0.1 into b.ups.
 func (b *bench) startUpstreams(n int) error {
 	for range n {
-		u, err := startUpstream("127.0.0.1:0")
+		u, err := startUpstream("127.0.0.1:0", b.cfg.upSndBuf)
 		if err != nil {
 			return err
 		}
@@ -556,6 +559,7 @@ var staticNotes = []string{
 	"HAProxy: `mode tcp`, `nbthread 1`, `balance random`, `check inter 2s fall 2 rise 1`, `retries 3`, `option redispatch`, `timeout connect 1s`, global `maxconn` from the inherited descriptor limit (two per connection, at most 100,000); default buffers and no `option splice-*` (HAProxy splices only when told to). nginx: stream module, `worker_processes 1`, `random` balancing, `max_fails=2 fail_timeout=2s` (passive checks; nginx has no active ones), `proxy_next_upstream on`, `proxy_next_upstream_tries 3`, `proxy_connect_timeout 1s`, `worker_rlimit_nofile` the inherited limit. extractedprism: `--enable-discovery=false --health-interval 2s --health-timeout 1s`, random selection, built with plain `go build`; the same for baseline, built by `bench/run.sh --baseline REV` from revision REV in a temporary git worktree. Every proxy is a child process of the bench, under `taskset -c 1`, with its config in a temp dir.",
 	"gocopy is a reference, not a load balancer: the bench binary itself as the smallest Go TCP proxy (accept, dial the next upstream in turn, `io.Copy` each way, which splices TCP to TCP on Linux; no health checks, retries or limits), under the same `taskset`. It shows what Go's `net` package and runtime cost on this machine, which every Go proxy pays; it runs only in the connection-rate, request/response and bulk scenarios, as the others measure the health checks and limits it does not have.",
 	"Proxy CPU is utime+stime of the proxying process (nginx: its worker) from /proc/PID/stat before and after the run (10 ms resolution). GB is 10^9 bytes.",
+	"On loopback the kernel sends and receives a segment in the context of the process whose call releases it, so proxy CPU includes some of its peers' TCP work: an upstream whose send buffer holds more than the proxy's receive window sends the rest when the proxy's window update reaches it, on the proxy's CPU. extractedprism fixes that window (SO_RCVBUF 256 KiB, issue 26) while the others autotune theirs, so its bulk CPU also counts much of the upstream's sending and of the receiving into the proxy's socket (in one 1 GiB download, 80 % of the segments went out on the proxy's CPU against 35 % without the bound); across a network that work stays on the API server and the NIC's interrupts. With `-upstream-sndbuf 128` the upstreams stay within the window and the bound's share drops out.",
 	"Idle memory is the VmRSS delta of the proxying process divided by the connections; the descriptor count is /proc/PID/fd before and with the connections open, by kind from the links' targets (socket:, pipe:). Kernel memory is not in RSS: the kernel column is the delta of the machine's SUnreclaim (slab, where sockets and pipe rings live) per connection, so it includes the client's and the upstream's sockets, the same for every system.",
 	"Failover: workers start short connections (connect, 64 B echo, close) at a fixed pace; one of the three upstreams is killed mid-run (listener and connections closed, so new dials to it are refused). 'Failed new' counts connections started after the kill that failed; 'broken in flight' those started before it that failed (they were on the killed upstream). Recovery is the time from the kill to the end of the last new connection that failed or took over 100 ms; 0 when there was none.",
 }

@@ -31,7 +31,8 @@ const (
 // closes its listener and every open connection, as if the process died;
 // restart listens again on the same address.
 type upstream struct {
-	addr string
+	addr   string
+	sndBuf int // SO_SNDBUF of the generating connections; 0 leaves autotuning
 
 	mu     sync.Mutex
 	ln     net.Listener
@@ -40,8 +41,8 @@ type upstream struct {
 	killed bool
 }
 
-func startUpstream(addr string) (*upstream, error) {
-	u := &upstream{addr: addr, conns: map[net.Conn]struct{}{}}
+func startUpstream(addr string, sndBuf int) (*upstream, error) {
+	u := &upstream{addr: addr, sndBuf: sndBuf, conns: map[net.Conn]struct{}{}}
 	if err := u.listen(); err != nil {
 		return nil, err
 	}
@@ -119,6 +120,9 @@ func (u *upstream) serveConn(c net.Conn) {
 		n := binary.BigEndian.Uint64(hdr[:])
 		if n > math.MaxInt64 {
 			return // no client asks for that much; a garbled header
+		}
+		if tc, ok := c.(*net.TCPConn); ok && u.sndBuf > 0 {
+			_ = tc.SetWriteBuffer(u.sndBuf) // best effort: the report names the flag
 		}
 		generate(c, int64(n))
 	}
