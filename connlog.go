@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"syscall"
 	"time"
 
@@ -134,13 +133,11 @@ const (
 	connLogBurst = 50
 )
 
-// connLog rate-limits the "connection closed" lines. Its fields are
-// guarded by mu; handlers of every connection share it.
+// connLog rate-limits the "connection closed" lines; handlers of every
+// connection share it.
 type connLog struct {
-	log                  *slog.Logger
-	mu                   sync.Mutex
-	windowStart          time.Time
-	inWindow, suppressed int
+	log  *slog.Logger
+	rate rateLog // every connLogEvery, burst connLogBurst
 }
 
 // ended logs pc's end at debug level, if debug is on and the rate allows.
@@ -148,7 +145,7 @@ func (l *connLog) ended(ctx context.Context, pc *proxyConn, start time.Time, toU
 	if !l.log.Enabled(ctx, slog.LevelDebug) {
 		return
 	}
-	suppressed, ok := l.allow(time.Now())
+	suppressed, ok := l.rate.note(time.Now())
 	if !ok {
 		return
 	}
@@ -159,21 +156,4 @@ func (l *connLog) ended(ctx context.Context, pc *proxyConn, start time.Time, toU
 		args = append(args, "suppressed", suppressed)
 	}
 	l.log.DebugContext(ctx, "connection closed", args...)
-}
-
-// allow reports whether a line may be written at now and how many were
-// left out before it.
-func (l *connLog) allow(now time.Time) (suppressed int, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.Sub(l.windowStart) >= connLogEvery {
-		l.windowStart, l.inWindow = now, 0
-	}
-	if l.inWindow >= connLogBurst {
-		l.suppressed++
-		return 0, false
-	}
-	l.inWindow++
-	suppressed, l.suppressed = l.suppressed, 0
-	return suppressed, true
 }

@@ -193,8 +193,8 @@ func (cc *connCap) track(c net.Conn, state http.ConnState) {
 		return
 	}
 	cc.closed.WithLabelValues(reason).Inc()
-	if n, due := cc.warn.note(); due {
-		cc.log.Warn("health server at its connection limit, closing connections", "limit", cc.max, "closed", n)
+	if left, due := cc.warn.note(time.Now()); due {
+		cc.log.Warn("health server at its connection limit, closing connections", "limit", cc.max, "closed", left+1)
 	}
 }
 

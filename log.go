@@ -123,26 +123,33 @@ func (s *logSink) close(timeout time.Duration) bool {
 	return !await(s.done, timeout)
 }
 
-// rateLog spaces a repeated warning: the first is logged at once, later ones
-// at most once per every, each with how many happened since the last line.
+// rateLog spaces a repeated line: up to burst lines (at least one) in
+// every, the first at once; past them occurrences are only counted, and the
+// next line says how many were left out.
 type rateLog struct {
 	every time.Duration
+	burst int
 	mu    sync.Mutex // guards the fields below
-	last  time.Time  // of the last line; zero before the first
-	count int        // since the last line
+	start time.Time  // of the current window; zero before the first line
+	lines int        // logged in the current window
+	left  int        // left out since the last line
 }
 
-// note counts one occurrence and reports whether a line is due now, with
-// the occurrences it accounts for.
-func (r *rateLog) note() (n int, due bool) {
+// note counts one occurrence at now and reports whether a line is due, with
+// how many occurrences were left out before it.
+func (r *rateLog) note(now time.Time) (left int, due bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.count++
-	if !r.last.IsZero() && time.Since(r.last) < r.every {
+	if now.Sub(r.start) >= r.every {
+		r.start, r.lines = now, 0
+	}
+	if r.lines >= max(r.burst, 1) {
+		r.left++
 		return 0, false
 	}
-	n, r.count, r.last = r.count, 0, time.Now()
-	return n, true
+	r.lines++
+	left, r.left = r.left, 0
+	return left, true
 }
 
 // await waits until done is closed or d passes, and reports whether d

@@ -89,7 +89,7 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 		log: log, m: m, pool: pl, dial: d.DialContext, dialTimeout: dialTimeout, hedge: true,
 		slots: make(chan struct{}, max(maxConns, 1)), idle: defaultIdlePolicy(),
 		limitWarn: rateLog{every: warnEvery}, refusedWarning: rateLog{every: warnEvery},
-		connLog: connLog{log: log},
+		connLog: connLog{log: log, rate: rateLog{every: connLogEvery, burst: connLogBurst}},
 	}
 }
 
@@ -213,7 +213,7 @@ func (p *proxy) takeSlot(ctx context.Context) bool {
 		return true
 	default:
 	}
-	if _, due := p.limitWarn.note(); due {
+	if _, due := p.limitWarn.note(time.Now()); due {
 		p.log.Warn("at the connection limit: new clients wait in the listen backlog until a connection ends or a silent one is closed for them; raise the open-files or memory limit for more",
 			"limit", cap(p.slots))
 	}
@@ -319,8 +319,8 @@ func (p *proxy) refused(ctx context.Context, client net.Conn, err error) {
 	}
 	p.m.clientsRefused.Inc()
 	p.log.Debug("client connection closed without upstream", "client", client.RemoteAddr().String(), "err", err)
-	if n, due := p.refusedWarning.note(); due {
-		p.log.Warn("client connections refused: no upstream could be reached", "refused", n, "err", err)
+	if left, due := p.refusedWarning.note(time.Now()); due {
+		p.log.Warn("client connections refused: no upstream could be reached", "refused", left+1, "err", err)
 	}
 }
 
