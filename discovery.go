@@ -376,20 +376,15 @@ const (
 )
 
 // watchBackoff is the reconnect delay of the kubernetes provider: 1 s
-// doubling up to 30 s, each delay plus up to 25 % random jitter on top. The
-// zero value with rand set is ready to use.
+// doubling up to 30 s, each delay plus up to 25 % random jitter on top.
 type watchBackoff struct {
+	backoff
 	rand func() float64 // in [0, 1)
-	next time.Duration  // base of the next delay; zero means backoffInitial
 }
 
-// reset makes the next delay start from backoffInitial again.
-func (b *watchBackoff) reset() { b.next = 0 }
-
-// delay returns the next delay and doubles the one after it.
+// delay returns the next delay.
 func (b *watchBackoff) delay() time.Duration {
-	d := max(b.next, backoffInitial)
-	b.next = min(2*d, backoffMax)
+	d := b.next()
 	return d + time.Duration(float64(d)*backoffJitter*b.rand())
 }
 
@@ -508,7 +503,7 @@ func (w *kubeWatcher) name() string { return kubeProviderName }
 func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 	w.publishFn = publish
 	w.cache, w.resourceVersion, w.sent = nil, "", nil
-	w.backoff = watchBackoff{rand: w.rand}
+	w.backoff = watchBackoff{backoff{first: backoffInitial, limit: backoffMax}, w.rand}
 	defer w.closeIdle()
 	if !w.awaitClient(ctx) || !w.listUntilDone(ctx) {
 		return nil

@@ -166,6 +166,19 @@ func await(done <-chan struct{}, d time.Duration) bool {
 	}
 }
 
+// backoff is a retry delay that doubles from first up to limit with each
+// failure in a row; cur is zero before the first.
+type backoff struct{ first, limit, cur time.Duration }
+
+// next returns the delay after one more failure.
+func (b *backoff) next() time.Duration {
+	b.cur = min(max(2*b.cur, b.first), b.limit)
+	return b.cur
+}
+
+// reset starts the next failure over from first.
+func (b *backoff) reset() { b.cur = 0 }
+
 // startLogging returns the daemon's logger, writing through a logSink to
 // stderr, and the function that flushes it at exit.
 func startLogging(level slog.Level, stderr io.Writer) (*slog.Logger, func()) {
