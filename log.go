@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"strings"
@@ -178,6 +179,13 @@ func (b *backoff) next() time.Duration {
 
 // reset starts the next failure over from first.
 func (b *backoff) reset() { b.cur = 0 }
+
+// jitter returns d varied at random by up to frac of it either way, so that
+// the nodes of a fleet do not act in lockstep.
+func jitter(d time.Duration, frac float64) time.Duration {
+	spread := int64(float64(d) * frac)
+	return d - time.Duration(spread) + time.Duration(rand.Int64N(2*spread+1)) //nolint:gosec // spreading needs no unpredictability
+}
 
 // startLogging returns the daemon's logger, writing through a logSink to
 // stderr, and the function that flushes it at exit.
