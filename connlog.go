@@ -133,19 +133,13 @@ const (
 	connLogBurst = 50
 )
 
-// connLog rate-limits the "connection closed" lines; handlers of every
-// connection share it.
-type connLog struct {
-	log  *slog.Logger
-	rate rateLog // every connLogEvery, burst connLogBurst
-}
-
-// ended logs pc's end at debug level, if debug is on and the rate allows.
-func (l *connLog) ended(ctx context.Context, pc *proxyConn, start time.Time, toUpstream, toClient int64) {
-	if !l.log.Enabled(ctx, slog.LevelDebug) {
+// logEnd logs pc's end at debug level, if debug is on and endsLog allows.
+// Handlers of every connection share endsLog.
+func (p *proxy) logEnd(ctx context.Context, pc *proxyConn, start time.Time, toUpstream, toClient int64) {
+	if !p.log.Enabled(ctx, slog.LevelDebug) {
 		return
 	}
-	suppressed, ok := l.rate.note(time.Now())
+	suppressed, ok := p.endsLog.note(time.Now())
 	if !ok {
 		return
 	}
@@ -155,5 +149,5 @@ func (l *connLog) ended(ctx context.Context, pc *proxyConn, start time.Time, toU
 	if suppressed > 0 {
 		args = append(args, "suppressed", suppressed)
 	}
-	l.log.DebugContext(ctx, "connection closed", args...)
+	p.log.DebugContext(ctx, "connection closed", args...)
 }

@@ -151,7 +151,7 @@ func lineWith(text, substr string) string {
 // TestConnLogRateLimited: past connLogBurst lines in connLogEvery the rest
 // are counted, and the first line after says how many were left out.
 func TestConnLogRateLimited(t *testing.T) {
-	l := &newProxy(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()), nil, time.Second, 1).connLog.rate
+	l := &newProxy(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()), nil, time.Second, 1).endsLog
 	start := time.Unix(1000, 0)
 	for i := range connLogBurst {
 		if _, ok := l.note(start.Add(time.Duration(i) * time.Millisecond)); !ok {

@@ -78,7 +78,7 @@ type proxy struct {
 	stalledSince atomic.Int64
 
 	limitWarn, refusedWarning rateLog // see warnEvery
-	connLog                   connLog // see connlog.go
+	endsLog                   rateLog // the "connection closed" lines (connlog.go)
 }
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
@@ -88,7 +88,7 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 		log: log, m: m, pool: pl, dial: d.DialContext, dialTimeout: dialTimeout, hedge: true,
 		slots: make(chan struct{}, max(maxConns, 1)), idle: defaultIdlePolicy(),
 		limitWarn: rateLog{every: warnEvery}, refusedWarning: rateLog{every: warnEvery},
-		connLog: connLog{log: log, rate: rateLog{every: connLogEvery, burst: connLogBurst}},
+		endsLog: rateLog{every: connLogEvery, burst: connLogBurst},
 	}
 }
 
@@ -247,7 +247,7 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 	if first.src != pc.client {
 		toUpstream, toClient = toClient, toUpstream
 	}
-	p.connLog.ended(ctx, pc, start, toUpstream, toClient)
+	p.logEnd(ctx, pc, start, toUpstream, toClient)
 }
 
 // prepareClient sets TCP_USER_TIMEOUT and TCP_NOTSENT_LOWAT on an accepted
