@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"syscall"
 	"time"
 
@@ -134,21 +133,13 @@ const (
 	connLogBurst = 50
 )
 
-// connLog rate-limits the "connection closed" lines. Its fields are
-// guarded by mu; handlers of every connection share it.
-type connLog struct {
-	log                  *slog.Logger
-	mu                   sync.Mutex
-	windowStart          time.Time
-	inWindow, suppressed int
-}
-
-// ended logs pc's end at debug level, if debug is on and the rate allows.
-func (l *connLog) ended(ctx context.Context, pc *proxyConn, start time.Time, toUpstream, toClient int64) {
-	if !l.log.Enabled(ctx, slog.LevelDebug) {
+// logEnd logs pc's end at debug level, if debug is on and endsLog allows.
+// Handlers of every connection share endsLog.
+func (p *proxy) logEnd(ctx context.Context, pc *proxyConn, start time.Time, toUpstream, toClient int64) {
+	if !p.log.Enabled(ctx, slog.LevelDebug) {
 		return
 	}
-	suppressed, ok := l.allow(time.Now())
+	suppressed, ok := p.endsLog.note(time.Now())
 	if !ok {
 		return
 	}
@@ -158,22 +149,5 @@ func (l *connLog) ended(ctx context.Context, pc *proxyConn, start time.Time, toU
 	if suppressed > 0 {
 		args = append(args, "suppressed", suppressed)
 	}
-	l.log.DebugContext(ctx, "connection closed", args...)
-}
-
-// allow reports whether a line may be written at now and how many were
-// left out before it.
-func (l *connLog) allow(now time.Time) (suppressed int, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.Sub(l.windowStart) >= connLogEvery {
-		l.windowStart, l.inWindow = now, 0
-	}
-	if l.inWindow >= connLogBurst {
-		l.suppressed++
-		return 0, false
-	}
-	l.inWindow++
-	suppressed, l.suppressed = l.suppressed, 0
-	return suppressed, true
+	p.log.DebugContext(ctx, "connection closed", args...)
 }

@@ -151,19 +151,19 @@ func lineWith(text, substr string) string {
 // TestConnLogRateLimited: past connLogBurst lines in connLogEvery the rest
 // are counted, and the first line after says how many were left out.
 func TestConnLogRateLimited(t *testing.T) {
-	l := &connLog{log: slog.New(slog.DiscardHandler)}
+	l := &newProxy(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()), nil, time.Second, 1).endsLog
 	start := time.Unix(1000, 0)
 	for i := range connLogBurst {
-		if _, ok := l.allow(start.Add(time.Duration(i) * time.Millisecond)); !ok {
+		if _, ok := l.note(start.Add(time.Duration(i) * time.Millisecond)); !ok {
 			t.Fatalf("line %d refused within the burst", i)
 		}
 	}
 	for i := range 7 {
-		if _, ok := l.allow(start.Add(500*time.Millisecond + time.Duration(i))); ok {
+		if _, ok := l.note(start.Add(500*time.Millisecond + time.Duration(i))); ok {
 			t.Fatalf("line %d past the burst allowed", connLogBurst+i)
 		}
 	}
-	suppressed, ok := l.allow(start.Add(connLogEvery))
+	suppressed, ok := l.note(start.Add(connLogEvery))
 	if !ok || suppressed != 7 {
 		t.Errorf("first line of the next window: got %d suppressed, allowed %v; want 7, true", suppressed, ok)
 	}

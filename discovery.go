@@ -375,24 +375,6 @@ const (
 	listTimeout        = 30 * time.Second
 )
 
-// watchBackoff is the reconnect delay of the kubernetes provider: 1 s
-// doubling up to 30 s, each delay plus up to 25 % random jitter on top. The
-// zero value with rand set is ready to use.
-type watchBackoff struct {
-	rand func() float64 // in [0, 1)
-	next time.Duration  // base of the next delay; zero means backoffInitial
-}
-
-// reset makes the next delay start from backoffInitial again.
-func (b *watchBackoff) reset() { b.next = 0 }
-
-// delay returns the next delay and doubles the one after it.
-func (b *watchBackoff) delay() time.Duration {
-	d := max(b.next, backoffInitial)
-	b.next = min(2*d, backoffMax)
-	return d + time.Duration(float64(d)*backoffJitter*b.rand())
-}
-
 // watchEnd is how one watch attempt ended.
 type watchEnd int
 
@@ -489,7 +471,7 @@ type kubeWatcher struct {
 	sent            []string                              // last list published; nil before the first
 	rejected        []string                              // what endpointsOf last left out, as warned of
 	emptyWarned     bool                                  // the slices hold no endpoint, as warned of
-	backoff         watchBackoff
+	backoff         backoff                               // see delay
 }
 
 // newKubeWatcher returns the kubernetes provider on client. log is used as
@@ -508,7 +490,7 @@ func (w *kubeWatcher) name() string { return kubeProviderName }
 func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 	w.publishFn = publish
 	w.cache, w.resourceVersion, w.sent = nil, "", nil
-	w.backoff = watchBackoff{rand: w.rand}
+	w.backoff = backoff{first: backoffInitial, limit: backoffMax}
 	defer w.closeIdle()
 	if !w.awaitClient(ctx) || !w.listUntilDone(ctx) {
 		return nil
@@ -548,9 +530,16 @@ func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 
 // backOff sleeps the next backoff delay and reports false if ctx ended first.
 func (w *kubeWatcher) backOff(ctx context.Context) bool {
-	d := w.backoff.delay()
+	d := w.delay()
 	w.log.Info("backing off before the next endpointslice watch", "delay", d)
 	return await(ctx.Done(), d)
+}
+
+// delay returns the next reconnect delay: 1 s doubling up to 30 s, each
+// delay plus up to 25 % random jitter on top.
+func (w *kubeWatcher) delay() time.Duration {
+	d := w.backoff.next()
+	return d + time.Duration(float64(d)*backoffJitter*w.rand())
 }
 
 // closeIdle closes the client's idle connections once the provider stops:
@@ -578,7 +567,7 @@ func (w *kubeWatcher) awaitClient(ctx context.Context) bool {
 		}
 		w.errors.Inc()
 		w.running.Set(0)
-		d := w.backoff.delay()
+		d := w.delay()
 		w.log.Error("kubernetes credentials do not load, retrying", "err", err, "retry_in", d)
 		if !await(ctx.Done(), d) {
 			return false
@@ -615,7 +604,7 @@ func (w *kubeWatcher) listUntilDone(ctx context.Context) bool {
 			return false
 		}
 		w.errors.Inc()
-		d := w.backoff.delay()
+		d := w.delay()
 		w.logFailure("endpointslice list failed", err, "retry_in", d)
 		if !await(ctx.Done(), d) {
 			return false

@@ -158,7 +158,9 @@ func newHealthServer(addr string, handler http.Handler, log *slog.Logger, m *met
 // not return before it has ended.
 func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log *slog.Logger) error {
 	errc := make(chan error, 1)
-	go serveHTTP(srv, &steadyListener{Listener: ln, log: log, closed: make(chan struct{})}, errc)
+	sl := newSteadyListener(ln, log, "health server ", new(atomic.Int64))
+	sl.accepted = newHealthConn
+	go serveHTTP(srv, sl, errc)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve health on %s: %w", ln.Addr(), err)

@@ -7,12 +7,10 @@ package main
 // are kept away (TCP_DEFER_ACCEPT), the open ones are capped without the
 // accept loop ever waiting (connCap), each with a small send buffer
 // (healthSendBuffer), a request's body is never waited for (dropBodies),
-// and accept errors are retried (steadyListener).
+// and accept errors are retried (steadyListener, gate.go).
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -193,8 +191,8 @@ func (cc *connCap) track(c net.Conn, state http.ConnState) {
 		return
 	}
 	cc.closed.WithLabelValues(reason).Inc()
-	if n, due := cc.warn.note(); due {
-		cc.log.Warn("health server at its connection limit, closing connections", "limit", cc.max, "closed", n)
+	if left, due := cc.warn.note(time.Now()); due {
+		cc.log.Warn("health server at its connection limit, closing connections", "limit", cc.max, "closed", left+1)
 	}
 }
 
@@ -299,44 +297,13 @@ func (c *healthConn) since(op *atomic.Int64) (time.Time, bool) {
 	return c.accepted.Add(time.Duration(d - 1)), d != 0
 }
 
-// steadyListener keeps the health server accepting through every accept
-// error but a closed listener. net/http retries only the errors it deems
-// temporary, such as EMFILE, and returns on the others, such as ENOMEM and
-// ENOBUFS: the proxy would go on without /healthz, /readyz and /metrics, and
-// only a restart, which cuts every proxied connection, would bring them
-// back. Like the proxy's accept loop, it backs off and retries.
-type steadyListener struct {
-	net.Listener
-	log       *slog.Logger
-	closed    chan struct{} // closed by Close, to end a backoff
-	closeOnce sync.Once
-}
-
-func (l *steadyListener) Accept() (net.Conn, error) {
-	var backoff time.Duration
-	for {
-		c, err := l.Listener.Accept()
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.SetWriteBuffer(healthSendBuffer) // best effort: connCap still bounds the count
-			c = &healthConn{TCPConn: tc, accepted: time.Now()}
-		}
-		if err == nil || errors.Is(err, net.ErrClosed) {
-			if err == nil && backoff != 0 {
-				l.log.Info("health server accepting again")
-			}
-			return c, err
-		}
-		if backoff == 0 {
-			l.log.Error("health server accept failing, backing off until it works again", "err", err)
-		}
-		backoff = min(max(2*backoff, acceptBackoffMin), acceptBackoffMax)
-		if !await(l.closed, backoff) {
-			return nil, fmt.Errorf("accept on %s: %w", l.Addr(), net.ErrClosed)
-		}
+// newHealthConn gives an accepted health connection its small send buffer
+// (best effort: connCap still bounds the count) and the tracking of connCap.
+func newHealthConn(c net.Conn) net.Conn {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c
 	}
-}
-
-func (l *steadyListener) Close() error {
-	l.closeOnce.Do(func() { close(l.closed) })
-	return l.Listener.Close()
+	_ = tc.SetWriteBuffer(healthSendBuffer)
+	return &healthConn{TCPConn: tc, accepted: time.Now()}
 }

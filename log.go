@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"strings"
@@ -123,26 +124,33 @@ func (s *logSink) close(timeout time.Duration) bool {
 	return !await(s.done, timeout)
 }
 
-// rateLog spaces a repeated warning: the first is logged at once, later ones
-// at most once per every, each with how many happened since the last line.
+// rateLog spaces a repeated line: up to burst lines (at least one) in
+// every, the first at once; past them occurrences are only counted, and the
+// next line says how many were left out.
 type rateLog struct {
 	every time.Duration
+	burst int
 	mu    sync.Mutex // guards the fields below
-	last  time.Time  // of the last line; zero before the first
-	count int        // since the last line
+	start time.Time  // of the current window; zero before the first line
+	lines int        // logged in the current window
+	left  int        // left out since the last line
 }
 
-// note counts one occurrence and reports whether a line is due now, with
-// the occurrences it accounts for.
-func (r *rateLog) note() (n int, due bool) {
+// note counts one occurrence at now and reports whether a line is due, with
+// how many occurrences were left out before it.
+func (r *rateLog) note(now time.Time) (left int, due bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.count++
-	if !r.last.IsZero() && time.Since(r.last) < r.every {
+	if now.Sub(r.start) >= r.every {
+		r.start, r.lines = now, 0
+	}
+	if r.lines >= max(r.burst, 1) {
+		r.left++
 		return 0, false
 	}
-	n, r.count, r.last = r.count, 0, time.Now()
-	return n, true
+	r.lines++
+	left, r.left = r.left, 0
+	return left, true
 }
 
 // await waits until done is closed or d passes, and reports whether d
@@ -157,6 +165,26 @@ func await(done <-chan struct{}, d time.Duration) bool {
 	case <-done:
 		return false
 	}
+}
+
+// backoff is a retry delay that doubles from first up to limit with each
+// failure in a row; cur is zero before the first.
+type backoff struct{ first, limit, cur time.Duration }
+
+// next returns the delay after one more failure.
+func (b *backoff) next() time.Duration {
+	b.cur = min(max(2*b.cur, b.first), b.limit)
+	return b.cur
+}
+
+// reset starts the next failure over from first.
+func (b *backoff) reset() { b.cur = 0 }
+
+// jitter returns d varied at random by up to frac of it either way, so that
+// the nodes of a fleet do not act in lockstep.
+func jitter(d time.Duration, frac float64) time.Duration {
+	spread := int64(float64(d) * frac)
+	return d - time.Duration(spread) + time.Duration(rand.Int64N(2*spread+1)) //nolint:gosec // spreading needs no unpredictability
 }
 
 // startLogging returns the daemon's logger, writing through a logSink to

@@ -386,7 +386,7 @@ func TestBeatSkippedWhileAcceptFails(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := beatDaemon(1)
 		defer d.pool.close()
-		d.proxy.acceptFailed(errEMFILE(), 0) // Accept starts failing now
+		d.proxy.stalledSince.Store(time.Now().UnixNano()) // Accept starts failing now
 		for range 4 {
 			time.Sleep(5 * time.Second)
 			d.beat()

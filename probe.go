@@ -122,8 +122,7 @@ func (p *pool) nextInterval(n int) time.Duration {
 	case n == 0:
 		return time.Duration(rand.Int64N(int64(iv)) + 1) //nolint:gosec // spreading needs no unpredictability
 	}
-	spread := int64(float64(iv) * p.cfg.jitter)
-	return iv - time.Duration(spread) + time.Duration(rand.Int64N(2*spread+1)) //nolint:gosec // as above
+	return jitter(iv, p.cfg.jitter)
 }
 
 // readyzProbe is the --health-check=readyz check: a TCP connect, then an

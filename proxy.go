@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -79,7 +78,7 @@ type proxy struct {
 	stalledSince atomic.Int64
 
 	limitWarn, refusedWarning rateLog // see warnEvery
-	connLog                   connLog // see connlog.go
+	endsLog                   rateLog // the "connection closed" lines (connlog.go)
 }
 
 func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration, maxConns int) *proxy {
@@ -89,7 +88,7 @@ func newProxy(log *slog.Logger, m *metrics, pl *pool, dialTimeout time.Duration,
 		log: log, m: m, pool: pl, dial: d.DialContext, dialTimeout: dialTimeout, hedge: true,
 		slots: make(chan struct{}, max(maxConns, 1)), idle: defaultIdlePolicy(),
 		limitWarn: rateLog{every: warnEvery}, refusedWarning: rateLog{every: warnEvery},
-		connLog: connLog{log: log},
+		endsLog: rateLog{every: connLogEvery, burst: connLogBurst},
 	}
 }
 
@@ -159,10 +158,11 @@ func (l keepAliveListener) Accept() (net.Conn, error) {
 }
 
 // serve accepts connections on ln until ctx is done. It survives every
-// accept error: descriptor exhaustion and the like back off and retry, so
-// the proxy never stops accepting while its health probes stay green.
+// accept error (see steadyListener), so the proxy never stops accepting
+// while its health probes stay green.
 func (p *proxy) serve(ctx context.Context, ln net.Listener) {
-	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	sl := newSteadyListener(ln, p.log, "", &p.stalledSince)
+	stop := context.AfterFunc(ctx, func() { _ = sl.Close() })
 	defer stop()
 	p.wg.Go(func() { p.reapIdle(ctx) })
 	// A client accepted just before the stop must not lose its dial with
@@ -171,34 +171,16 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 	if p.graceful {
 		connCtx, p.stopConns = context.WithCancel(context.WithoutCancel(ctx))
 	}
-	var backoff time.Duration
 	for {
-		c, err := ln.Accept()
-		switch {
-		case err == nil:
-			if backoff != 0 {
-				backoff = p.acceptRecovered(ln)
-			}
-			if !p.takeSlot(ctx) {
-				_ = c.Close()
-				return
-			}
-			p.wg.Go(func() { p.handle(connCtx, c) }) // handle gives the slot back
-		case ctx.Err() != nil || errors.Is(err, net.ErrClosed):
-			return
-		case backoff != 0 && errors.Is(err, os.ErrDeadlineExceeded):
-			// Accept waited instead of failing: it works again, even
-			// though no client has arrived to prove it.
-			backoff = p.acceptRecovered(ln)
-		default:
-			backoff = p.acceptFailed(err, backoff)
-			if await(ctx.Done(), backoff) {
-				// accept4 fails with EMFILE even with no client waiting,
-				// as it takes a descriptor first; a short deadline on the
-				// next try tells "works, nobody waiting" from "still out".
-				setAcceptDeadline(ln, time.Now().Add(acceptProbe))
-			}
+		c, err := sl.Accept()
+		if err != nil {
+			return // closed
 		}
+		if !p.takeSlot(ctx) {
+			_ = c.Close()
+			return
+		}
+		p.wg.Go(func() { p.handle(connCtx, c) }) // handle gives the slot back
 	}
 }
 
@@ -213,7 +195,7 @@ func (p *proxy) takeSlot(ctx context.Context) bool {
 		return true
 	default:
 	}
-	if _, due := p.limitWarn.note(); due {
+	if _, due := p.limitWarn.note(time.Now()); due {
 		p.log.Warn("at the connection limit: new clients wait in the listen backlog until a connection ends or a silent one is closed for them; raise the open-files or memory limit for more",
 			"limit", cap(p.slots))
 	}
@@ -226,32 +208,6 @@ func (p *proxy) takeSlot(ctx context.Context) bool {
 			return false
 		case <-time.After(reclaimPoll):
 		}
-	}
-}
-
-// acceptFailed logs the first failure of an episode and returns the next
-// backoff: from acceptBackoffMin, doubling up to acceptBackoffMax.
-func (p *proxy) acceptFailed(err error, backoff time.Duration) time.Duration {
-	if backoff == 0 {
-		p.stalledSince.Store(time.Now().UnixNano())
-		p.log.Error("accept failing, backing off until it works again", "err", err)
-	}
-	return min(max(2*backoff, acceptBackoffMin), acceptBackoffMax)
-}
-
-// acceptRecovered ends an episode of failing Accepts and returns the reset
-// backoff.
-func (p *proxy) acceptRecovered(ln net.Listener) time.Duration {
-	setAcceptDeadline(ln, time.Time{})
-	p.stalledSince.Store(0)
-	p.log.Info("accepting connections again")
-	return 0
-}
-
-// setAcceptDeadline sets the deadline of Accept on listeners that have one.
-func setAcceptDeadline(ln net.Listener, t time.Time) {
-	if dl, ok := ln.(interface{ SetDeadline(t time.Time) error }); ok {
-		_ = dl.SetDeadline(t)
 	}
 }
 
@@ -291,7 +247,7 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 	if first.src != pc.client {
 		toUpstream, toClient = toClient, toUpstream
 	}
-	p.connLog.ended(ctx, pc, start, toUpstream, toClient)
+	p.logEnd(ctx, pc, start, toUpstream, toClient)
 }
 
 // prepareClient sets TCP_USER_TIMEOUT and TCP_NOTSENT_LOWAT on an accepted
@@ -319,8 +275,8 @@ func (p *proxy) refused(ctx context.Context, client net.Conn, err error) {
 	}
 	p.m.clientsRefused.Inc()
 	p.log.Debug("client connection closed without upstream", "client", client.RemoteAddr().String(), "err", err)
-	if n, due := p.refusedWarning.note(); due {
-		p.log.Warn("client connections refused: no upstream could be reached", "refused", n, "err", err)
+	if left, due := p.refusedWarning.note(time.Now()); due {
+		p.log.Warn("client connections refused: no upstream could be reached", "refused", left+1, "err", err)
 	}
 }
 

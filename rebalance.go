@@ -16,7 +16,6 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"time"
 )
@@ -82,9 +81,7 @@ func (p *pool) longLivedAge() time.Duration {
 // rebalanceDelay is the period, varied by up to a quarter either way so a
 // fleet's nodes do not act together.
 func (p *pool) rebalanceDelay() time.Duration {
-	period := p.cfg.rebalance
-	spread := int64(period / 4)
-	return period - time.Duration(spread) + time.Duration(rand.Int64N(2*spread+1)) //nolint:gosec // spreading needs no unpredictability
+	return jitter(p.cfg.rebalance, 0.25)
 }
 
 // rebalanceOnce closes at most one connection: the oldest long-lived one

@@ -61,44 +61,43 @@ func setOption(rc syscall.RawConn, level, opt, value int) error {
 	return err // a Control that fails has not run the setsockopt
 }
 
-// tcpInfo returns c's TCP_INFO; false if c is no TCP socket or is closed.
-func tcpInfo(c net.Conn) (*unix.TCPInfo, bool) {
+// tcpInfo returns c's TCP_INFO; nil if c is no TCP socket or its
+// connection is over: reset or timed out by the kernel, or closed here. One
+// that is only half-closed is not. (x/sys names the kernel's TCP states
+// after BPF's copy of the list.) Every reading below treats an ended
+// connection as one with nothing to read.
+func tcpInfo(c net.Conn) *unix.TCPInfo {
 	tc, ok := c.(*net.TCPConn)
 	if !ok {
-		return nil, false
+		return nil
 	}
 	rc, err := tc.SyscallConn()
 	if err != nil {
-		return nil, false
+		return nil
 	}
 	var ti *unix.TCPInfo
 	var gerr error // a Control that fails runs nothing and leaves it nil
 	err = rc.Control(func(fd uintptr) { ti, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
-	return ti, err == nil && gerr == nil
+	if err != nil || gerr != nil || ti.State == unix.BPF_TCP_CLOSE {
+		return nil
+	}
+	return ti
 }
 
-// connBroken reports whether c's connection is over: reset or timed out by
-// the kernel, or closed here. One that is only half-closed is not.
-// (x/sys names the kernel's TCP states after BPF's copy of the list.)
-func connBroken(c net.Conn) bool {
-	ti, ok := tcpInfo(c)
-	return !ok || ti.State == unix.BPF_TCP_CLOSE
-}
+// connBroken reports whether c's connection is over (see tcpInfo).
+func connBroken(c net.Conn) bool { return tcpInfo(c) == nil }
 
 // queued reports whether c has bytes its peer has not acknowledged yet,
 // sent or not.
 func queued(c net.Conn) bool {
-	ti, ok := tcpInfo(c)
-	return ok && ti.State != unix.BPF_TCP_CLOSE && (ti.Unacked > 0 || ti.Notsent_bytes > 0)
+	ti := tcpInfo(c)
+	return ti != nil && (ti.Unacked > 0 || ti.Notsent_bytes > 0)
 }
 
 // stalledFor returns how long c's peer has not acknowledged anything while
 // c retransmits unacknowledged data (its retransmission timer has fired),
 // 0 if c is not retransmitting.
-func stalledFor(c net.Conn) time.Duration {
-	ti, _ := tcpInfo(c)
-	return stalledInfo(ti)
-}
+func stalledFor(c net.Conn) time.Duration { return stalledInfo(tcpInfo(c)) }
 
 // stalledInfo is stalledFor from a socket's TCP_INFO, nil for none.
 func stalledInfo(ti *unix.TCPInfo) time.Duration {
@@ -115,8 +114,8 @@ func stalledInfo(ti *unix.TCPInfo) time.Duration {
 // acknowledges data with a WINDOW_UPDATE at once, a new request comes
 // later.
 func answeredFor(c net.Conn) time.Duration {
-	ti, ok := tcpInfo(c)
-	if !ok || ti.State == unix.BPF_TCP_CLOSE || ti.Bytes_received == 0 || ti.Last_data_recv+replyLagMillis < ti.Last_data_sent {
+	ti := tcpInfo(c)
+	if ti == nil || ti.Bytes_received == 0 || ti.Last_data_recv+replyLagMillis < ti.Last_data_sent {
 		return 0
 	}
 	return time.Duration(min(ti.Last_data_recv, ti.Last_data_sent)) * time.Millisecond
@@ -131,8 +130,8 @@ const replyLagMillis = 10
 // that has carried nothing counts from its handshake, also while it waited
 // in the listen backlog.
 func quietFor(c net.Conn) (quiet time.Duration, spoke, ok bool) {
-	ti, ok := tcpInfo(c)
-	if !ok || ti.State == unix.BPF_TCP_CLOSE {
+	ti := tcpInfo(c)
+	if ti == nil {
 		return 0, false, false
 	}
 	return time.Duration(min(ti.Last_data_recv, ti.Last_data_sent)) * time.Millisecond, ti.Bytes_received > 0, true
