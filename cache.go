@@ -165,11 +165,3 @@ func (c *endpointCache) writer(ctx context.Context, lists <-chan []string) {
 		}
 	}
 }
-
-// discovered is the kubernetes provider's latest list, sorted; nil if it
-// has not published.
-func (mp *mergedProvider) discovered() []string {
-	mp.mu.Lock()
-	defer mp.mu.Unlock()
-	return mp.lists[kubeProviderName]
-}

@@ -9,9 +9,7 @@ package main
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
-	"net"
 	"syscall"
 	"time"
 
@@ -46,13 +44,6 @@ func endNames() [numConnEnds]string {
 		"drain", "eviction", "sweep", "idle", "shutdown", "rebalance"}
 }
 
-// copyChunk is how many bytes of a direction pass between two additions to
-// upstream_bytes_total, so a long-lived connection's bytes show while it
-// runs, at most this much late. It is the most Go's splice moves in one
-// call (its pipe's 1 MiB): a smaller chunk cuts every bulk splice short
-// and multiplies the system calls per gigabyte.
-const copyChunk = 1 << 20
-
 // connCounters are an upstream's byte and end counters, made with the
 // upstream so that every series exists from the start (rates work from the
 // first scrape) and an increment after its removal lands on a counter no
@@ -75,36 +66,11 @@ func newConnCounters(m *metrics, addr string) connCounters {
 	return c
 }
 
-// closeFor force-closes pc, counting it as ended for reason unless its end
-// was claimed already.
-func (pc *proxyConn) closeFor(reason connEnd) {
-	pc.claim(reason)
-	pc.close()
-}
-
 // claim records reason as pc's end and counts it, unless pc's end was
 // claimed before.
 func (pc *proxyConn) claim(reason connEnd) {
 	if pc.ended.CompareAndSwap(uint32(connEndNone), uint32(reason)) {
 		pc.owner.counters.ends[reason].Inc()
-	}
-}
-
-// copyCounted copies src to dst until src ends, adding to bytes every
-// copyChunk, and returns the total; a clean end is a nil error. io.CopyN
-// splices between TCP sockets as io.Copy does.
-func copyCounted(dst, src net.Conn, bytes prometheus.Counter) (int64, error) {
-	var total int64
-	for {
-		n, err := io.CopyN(dst, src, copyChunk)
-		total += n
-		bytes.Add(float64(n))
-		switch {
-		case errors.Is(err, io.EOF):
-			return total, nil
-		case err != nil:
-			return total, err
-		}
 	}
 }
 

@@ -20,6 +20,8 @@ package main
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -74,6 +76,17 @@ func (a idleCandidate) before(b idleCandidate) bool {
 		return !a.spoke
 	}
 	return a.quiet > b.quiet
+}
+
+// conns returns every attached connection.
+func (p *pool) conns() []*proxyConn {
+	p.mu.Lock()
+	defer p.unlock()
+	var all []*proxyConn
+	for _, u := range p.upstreams {
+		all = slices.AppendSeq(all, maps.Keys(u.conns))
+	}
+	return all
 }
 
 // candidates returns the attached connections whose client socket TCP_INFO

@@ -124,6 +124,30 @@ func (s *logSink) close(timeout time.Duration) bool {
 	return !await(s.done, timeout)
 }
 
+// logNote is a log line the pool writes once its lock is released, so that
+// formatting and writing a line never lengthen its critical sections.
+type logNote struct {
+	log   *slog.Logger
+	level slog.Level
+	msg   string
+	args  []any
+}
+
+// note queues a log line of u; p.mu must be held.
+func (p *pool) note(u *upstream, level slog.Level, msg string, args ...any) {
+	p.notes = append(p.notes, logNote{u.log, level, msg, args})
+}
+
+// unlock releases p.mu and writes the lines noted while it was held.
+func (p *pool) unlock() {
+	notes := p.notes
+	p.notes = nil
+	p.mu.Unlock()
+	for _, n := range notes {
+		n.log.Log(p.ctx, n.level, n.msg, n.args...)
+	}
+}
+
 // rateLog spaces a repeated line: up to burst lines (at least one) in
 // every, the first at once; past them occurrences are only counted, and the
 // next line says how many were left out.

@@ -16,6 +16,48 @@ type selector interface {
 	order(all, candidates []*upstream) [][]*upstream
 }
 
+// snapshot is an immutable view of the pool that the accept path reads
+// without locking. The pool publishes a new one on every state change.
+type snapshot struct {
+	groups     [][]*upstream // pickable, by preference (see selector)
+	fallback   []*upstream   // not draining, most recently healthy first: the last resort
+	healthy    int           // healthy, not draining upstreams
+	hedgeDelay time.Duration // how long a dial may take before a second one starts
+}
+
+// pick returns a pickable upstream that is not in tried, or nil: a random
+// one of the most preferred group that has an untried member.
+func (p *pool) pick(tried []*upstream) *upstream {
+	return pickFrom(p.snap.Load().groups, tried)
+}
+
+// lastResort returns the most recently healthy non-draining upstream that is
+// not in tried, for use when nothing is pickable.
+func (p *pool) lastResort(tried []*upstream) *upstream {
+	for _, u := range p.snap.Load().fallback {
+		if !slices.Contains(tried, u) {
+			return u
+		}
+	}
+	return nil
+}
+
+// readyFirstLocked narrows the healthy candidates to the ready ones while
+// any is ready, and among those to the ones without a failed connect since
+// their last probe while any is; with none ready, every healthy one stays,
+// so losing quorum everywhere degrades to tcp. It updates the evictions.
+func (p *pool) readyFirstLocked(all, candidates []*upstream) []*upstream {
+	ready := slices.DeleteFunc(slices.Clone(candidates), func(u *upstream) bool { return !u.h.ready() })
+	p.updateEvictionsLocked(all, len(ready))
+	if settled := slices.DeleteFunc(slices.Clone(ready), func(u *upstream) bool { return u.h.state != upReady }); len(settled) > 0 {
+		return settled
+	}
+	if len(ready) > 0 {
+		return ready
+	}
+	return candidates
+}
+
 // randomSelector treats every candidate alike.
 type randomSelector struct{}
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"log/slog"
 	"maps"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -64,41 +63,12 @@ type upstream struct {
 	drain, evict, sweep deadline
 }
 
-// proxyConn is one proxied connection: the accepted client socket and the
-// upstream socket it was joined to.
-type proxyConn struct {
-	client, upstream net.Conn  // upstream is set before the pool learns of pc, never changed after
-	owner            *upstream // set by pool.connected, never changed after
-	since            time.Time // set by pool.connected, never changed after
-	// dead is set once pc is counted in dead_connections_closed_total, by
-	// the copy that met the kernel's ETIMEDOUT or by the sweep.
-	dead atomic.Bool
-	// ended is its connEnd, set once by the first to claim it (see
-	// connlog.go).
-	ended atomic.Uint32
-}
-
-// close force-closes both sockets; the copies then end on their own.
-func (pc *proxyConn) close() {
-	_ = pc.client.Close()
-	_ = pc.upstream.Close()
-}
-
 // closeConns force-closes every connection of u for reason. pool.mu must
 // be held.
 func (u *upstream) closeConns(reason connEnd) {
 	for pc := range u.conns {
 		pc.closeFor(reason)
 	}
-}
-
-// snapshot is an immutable view of the pool that the accept path reads
-// without locking. The pool publishes a new one on every state change.
-type snapshot struct {
-	groups     [][]*upstream // pickable, by preference (see selector)
-	fallback   []*upstream   // not draining, most recently healthy first: the last resort
-	healthy    int           // healthy, not draining upstreams
-	hedgeDelay time.Duration // how long a dial may take before a second one starts
 }
 
 // poolConfig holds the timing the pool applies to every upstream.
@@ -173,30 +143,6 @@ func newPool(log *slog.Logger, m *metrics, cfg poolConfig, check checkFunc, sel 
 		p.wg.Go(func() { p.rebalanceLoop(p.spreadCtx) })
 	}
 	return p
-}
-
-// logNote is a log line the pool writes once its lock is released, so that
-// formatting and writing a line never lengthen its critical sections.
-type logNote struct {
-	log   *slog.Logger
-	level slog.Level
-	msg   string
-	args  []any
-}
-
-// note queues a log line of u; p.mu must be held.
-func (p *pool) note(u *upstream, level slog.Level, msg string, args ...any) {
-	p.notes = append(p.notes, logNote{u.log, level, msg, args})
-}
-
-// unlock releases p.mu and writes the lines noted while it was held.
-func (p *pool) unlock() {
-	notes := p.notes
-	p.notes = nil
-	p.mu.Unlock()
-	for _, n := range notes {
-		n.log.Log(p.ctx, n.level, n.msg, n.args...)
-	}
 }
 
 // deadline is a pending action of one upstream; see pool.arm.
@@ -628,17 +574,6 @@ func (p *pool) detach(u *upstream, pc *proxyConn) {
 	}
 }
 
-// conns returns every attached connection.
-func (p *pool) conns() []*proxyConn {
-	p.mu.Lock()
-	defer p.unlock()
-	var all []*proxyConn
-	for _, u := range p.upstreams {
-		all = slices.AppendSeq(all, maps.Keys(u.conns))
-	}
-	return all
-}
-
 // closeConns force-closes every attached connection, and those still
 // waiting for their spread close, for shutdown.
 func (p *pool) closeConns() {
@@ -704,22 +639,6 @@ func (p *pool) noteUsableLocked(usable int) {
 	}
 }
 
-// readyFirstLocked narrows the healthy candidates to the ready ones while
-// any is ready, and among those to the ones without a failed connect since
-// their last probe while any is; with none ready, every healthy one stays,
-// so losing quorum everywhere degrades to tcp. It updates the evictions.
-func (p *pool) readyFirstLocked(all, candidates []*upstream) []*upstream {
-	ready := slices.DeleteFunc(slices.Clone(candidates), func(u *upstream) bool { return !u.h.ready() })
-	p.updateEvictionsLocked(all, len(ready))
-	if settled := slices.DeleteFunc(slices.Clone(ready), func(u *upstream) bool { return u.h.state != upReady }); len(settled) > 0 {
-		return settled
-	}
-	if len(ready) > 0 {
-		return ready
-	}
-	return candidates
-}
-
 // updateEvictionsLocked starts, calls off or keeps the eviction of each
 // upstream's connections: an upstream that failed its probes while another
 // healthy upstream is ready loses its connections after drainTimeout, so
@@ -778,31 +697,7 @@ func (p *pool) evictLocked(u *upstream, window time.Duration) {
 	p.closeSpreadLocked(u, window, connEndEviction)
 }
 
-// pick returns a pickable upstream that is not in tried, or nil: a random
-// one of the most preferred group that has an untried member.
-func (p *pool) pick(tried []*upstream) *upstream {
-	return pickFrom(p.snap.Load().groups, tried)
-}
-
-// lastResort returns the most recently healthy non-draining upstream that is
-// not in tried, for use when nothing is pickable.
-func (p *pool) lastResort(tried []*upstream) *upstream {
-	for _, u := range p.snap.Load().fallback {
-		if !slices.Contains(tried, u) {
-			return u
-		}
-	}
-	return nil
-}
-
 // ready reports whether at least one upstream is healthy and not draining.
 func (p *pool) ready() bool {
 	return p.snap.Load().healthy > 0
-}
-
-// responsive takes the pool's lock and lets go; the liveness beat calls it
-// so that a deadlocked pool stops the beat.
-func (p *pool) responsive() {
-	p.mu.Lock()
-	p.mu.Unlock() //nolint:staticcheck // an empty critical section is the point
 }
