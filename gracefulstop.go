@@ -24,7 +24,9 @@ const (
 	stopQuiet = 100 * time.Millisecond
 	// stopWindow bounds the stop: new connections wait for it.
 	stopWindow = time.Second
-	stopPoll   = 10 * time.Millisecond
+	// stopPoll: how often the stop looks for connections that handlers
+	// still dialling attach, and for the last handler's end.
+	stopPoll = 10 * time.Millisecond
 )
 
 // stopGracefully closes the connections whose clients have been answered
@@ -55,25 +57,20 @@ func (d *daemon) stopGracefully() {
 // dialling attach meanwhile and are judged as the others.
 func (p *proxy) closeAnswered(quiet, spread, window time.Duration) int {
 	start := time.Now()
-	due := make(map[*proxyConn]time.Time) // zero once closed
-	for deadline := start.Add(window); len(p.slots) > 0 && time.Now().Before(deadline); time.Sleep(stopPoll) {
-		for _, pc := range p.pool.conns() {
-			at, seen := due[pc]
+	at := map[*proxyConn]time.Time{} // the closer's alone
+	j := p.pool.closer.add(&closeJob{reason: connEndShutdown, conns: p.pool.conns, deadline: start.Add(window),
+		over: func() bool { return len(p.slots) == 0 }, every: stopPoll,
+		due: func(pc *proxyConn, now time.Time, look func() connLook) (bool, time.Time) {
+			t, seen := at[pc]
 			if !seen {
-				at = start.Add(rand.N(spread + 1)) //nolint:gosec // spreading needs no unpredictability
-				due[pc] = at
+				t = start.Add(rand.N(spread + 1)) //nolint:gosec // spreading needs no unpredictability
+				at[pc] = t
 			}
-			if !at.IsZero() && time.Now().After(at) && answeredFor(pc.client) >= quiet {
-				pc.closeFor(connEndShutdown)
-				due[pc] = time.Time{}
+			if now.Before(t) {
+				return false, t
 			}
-		}
-	}
-	closed := 0
-	for _, at := range due {
-		if at.IsZero() {
-			closed++
-		}
-	}
-	return closed
+			return answeredDue(quiet, now, look)
+		}})
+	<-j.done
+	return j.n
 }

@@ -52,7 +52,7 @@ func TestHostileSilentConnectionsSteerTheRebalancer(t *testing.T) {
 	}
 	waitFor(t, "the legitimate connections quiet", func() bool {
 		for _, pc := range legit {
-			if !quietMoment(pc) {
+			if !quietNow(pc) {
 				return false
 			}
 		}
@@ -60,7 +60,7 @@ func TestHostileSilentConnectionsSteerTheRebalancer(t *testing.T) {
 	})
 	synctest.Test(t, func(t *testing.T) {
 		cfg := defaultTestPool
-		cfg.rebalance = time.Minute // quiet is quietMoment: the kernel's word
+		cfg.rebalance = time.Minute // quiet is quietDue: the kernel's word
 		tp := poolOf(t, cfg, addrs...)
 		for _, pc := range hoard { // the oldest: the first to go, were they quiet
 			tp.connected(tp.upstream(rbA), pc)

@@ -120,34 +120,46 @@ func (p *proxy) reclaim() {
 	}
 }
 
-// reapIdle closes connections silent for the idle timeout until ctx ends,
-// looking every tenth of it: a connection is closed within 1.1 times it.
+// reapIdle has the closer close connections silent for the idle timeout
+// until ctx ends. It looks at each when its timeout would come, and at
+// least every tenth of it for new connections: a connection is closed
+// within 1.1 times it.
 func (p *proxy) reapIdle(ctx context.Context) {
-	t := time.NewTicker(p.idle.timeout / 10)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		for _, c := range p.candidates() {
-			if c.quiet >= p.idle.timeout {
-				p.closeIdle(&c, reasonTimeout)
-			}
-		}
+	p.pool.closer.add(&closeJob{reason: connEndIdle, conns: p.pool.conns, due: p.idle.due, every: p.idle.timeout / 10,
+		over: func() bool { return ctx.Err() != nil },
+		closed: func(pc *proxyConn, look func() connLook) {
+			l := look()
+			p.countIdle(&idleCandidate{pc: pc, quiet: l.quiet, spoke: l.spoke}, reasonTimeout)
+		}})
+}
+
+// due is the idle timeout's rule: pc has carried no data either way for
+// it. Without TCP_INFO nothing is ever due.
+func (pol idlePolicy) due(_ *proxyConn, now time.Time, look func() connLook) (bool, time.Time) {
+	switch l := look(); {
+	case !l.ok:
+		return false, time.Time{}
+	case l.quiet >= pol.timeout:
+		return true, time.Time{}
+	default:
+		return false, now.Add(pol.timeout - l.quiet)
 	}
 }
 
 // closeIdle closes c's connection, which its handler then ends as any
 // other failed one, and counts it.
 func (p *proxy) closeIdle(c *idleCandidate, reason string, args ...any) {
+	c.pc.closeFor(connEndIdle)
+	p.countIdle(c, reason, args...)
+}
+
+// countIdle logs and counts the idle close of c's connection.
+func (p *proxy) countIdle(c *idleCandidate, reason string, args ...any) {
 	msg := "closing a silent connection"
 	if reason == reasonShare {
 		msg = "closing a connection of the owner of the most slots for a waiting client"
 	}
 	p.log.Debug(msg, append([]any{"reason", reason, "client", c.pc.client.RemoteAddr().String(),
 		"silent", c.quiet.Round(time.Millisecond), "client_spoke", c.spoke}, args...)...)
-	c.pc.closeFor(connEndIdle)
 	p.m.idleConnsClosed.WithLabelValues(reason).Inc()
 }

@@ -192,7 +192,7 @@ func (p *proxy) serve(ctx context.Context, ln net.Listener) {
 	sl := newSteadyListener(ln, p.log, "", &p.stalledSince)
 	stop := context.AfterFunc(ctx, func() { _ = sl.Close() })
 	defer stop()
-	p.wg.Go(func() { p.reapIdle(ctx) })
+	p.reapIdle(ctx)
 	// A client accepted just before the stop must not lose its dial with
 	// it when the stop is graceful.
 	connCtx := ctx

@@ -41,19 +41,20 @@ const (
 	// rebalanceWait: how long each period waits for such a moment. A
 	// connection that is never quiet is never closed.
 	rebalanceWait = 10 * time.Second
-	rebalancePoll = 100 * time.Millisecond
 )
 
-// quietMoment is the daemon's poolConfig.quiet: pc's client has been
-// answered for rebalanceQuiet and neither socket holds unacknowledged
-// bytes.
-func quietMoment(pc *proxyConn) bool {
-	return answeredFor(pc.client) >= rebalanceQuiet && !queued(pc.client) && !queued(pc.upstream)
+// quietDue is the daemon's poolConfig.quiet: pc's client has been answered
+// for rebalanceQuiet and neither socket holds unacknowledged bytes.
+func quietDue(_ *proxyConn, now time.Time, look func() connLook) (bool, time.Time) {
+	if look().queued {
+		return false, now.Add(rebalanceQuiet / 4)
+	}
+	return answeredDue(rebalanceQuiet, now, look)
 }
 
 // rebalanceLoop is the pool's rebalancing goroutine, started by newPool
 // when cfg.rebalance is set and owned by the pool: its WaitGroup counts
-// it, and shutdown (stopSpread) ends it.
+// it, and shutdown (stopClosing) ends it.
 func (p *pool) rebalanceLoop(ctx context.Context) {
 	t := time.NewTimer(p.rebalanceDelay())
 	defer t.Stop()
@@ -88,25 +89,22 @@ func (p *pool) rebalanceDelay() time.Duration {
 // of the most loaded upstream that is quiet within rebalanceWait, while the
 // skew lasts.
 func (p *pool) rebalanceOnce(ctx context.Context) {
-	deadline := time.Now().Add(rebalanceWait)
-	for {
-		from, conns := p.rebalanceCandidates(time.Now())
-		if from == nil {
-			return
-		}
-		for _, pc := range conns {
-			if p.cfg.quiet(pc) && p.closeToRebalance(from, pc) {
-				return
-			}
-		}
-		if time.Now().Add(rebalancePoll).After(deadline) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(rebalancePoll):
-		}
+	var from *upstream
+	j := p.closer.add(&closeJob{reason: connEndRebalance, due: p.cfg.quiet, deadline: time.Now().Add(rebalanceWait), limit: 1, once: true,
+		conns: func() []*proxyConn {
+			var conns []*proxyConn
+			from, conns = p.rebalanceCandidates(time.Now())
+			return conns
+		},
+		closed: func(pc *proxyConn, _ func() connLook) {
+			p.mu.Lock()
+			defer p.unlock()
+			p.note(from, slog.LevelInfo, "closing a long-lived connection to rebalance", "client", pc.client.RemoteAddr().String(),
+				"age", time.Since(pc.since).Round(time.Second), "connections", len(from.conns))
+		}})
+	select {
+	case <-j.done:
+	case <-ctx.Done():
 	}
 }
 
@@ -183,18 +181,4 @@ func (p *pool) longLived(u *upstream, now time.Time) []*proxyConn {
 		}
 	}
 	return out
-}
-
-// closeToRebalance closes pc if it is still one of from's connections, and
-// says whether it did.
-func (p *pool) closeToRebalance(from *upstream, pc *proxyConn) bool {
-	p.mu.Lock()
-	defer p.unlock()
-	if _, ok := from.conns[pc]; !ok || p.closed {
-		return false
-	}
-	p.note(from, slog.LevelInfo, "closing a long-lived connection to rebalance", "client", pc.client.RemoteAddr().String(),
-		"age", time.Since(pc.since).Round(time.Second), "connections", len(from.conns))
-	pc.closeFor(connEndRebalance)
-	return true
 }

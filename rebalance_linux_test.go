@@ -46,7 +46,7 @@ func TestQuietMoment(t *testing.T) {
 	// A request in flight: nothing is queued, but the client is waiting.
 	deadline := time.Now().Add(rebalanceQuiet + 500*time.Millisecond)
 	for time.Now().Before(deadline) {
-		if quietMoment(pc) {
+		if quietNow(pc) {
 			t.Fatal("quiet while the client waits for its answer")
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -58,9 +58,15 @@ func TestQuietMoment(t *testing.T) {
 	if _, err := io.ReadFull(client, make([]byte, 3)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a quiet moment after the answer", func() bool { return quietMoment(pc) })
+	waitFor(t, "a quiet moment after the answer", func() bool { return quietNow(pc) })
 	// TCP_INFO's times come from the kernel's ticks, 10 ms at the coarsest.
 	if d := time.Since(answered); d < rebalanceQuiet-10*time.Millisecond {
 		t.Errorf("quiet %v after the answer; want at least %v", d, rebalanceQuiet)
 	}
+}
+
+// quietNow is the rebalancer's rule (quietDue) applied to pc now.
+func quietNow(pc *proxyConn) bool {
+	due, _ := quietDue(pc, time.Now(), func() connLook { return lookAt(pc) })
+	return due
 }

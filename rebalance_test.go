@@ -51,10 +51,10 @@ type rbPool struct {
 func newRBPool(t *testing.T, cfg poolConfig, addrs ...string) *rbPool {
 	rb := &rbPool{t: t, noisy: map[*proxyConn]bool{}}
 	cfg.rebalance = time.Minute
-	cfg.quiet = func(pc *proxyConn) bool {
+	cfg.quiet = func(pc *proxyConn, now time.Time, _ func() connLook) (bool, time.Time) {
 		rb.mu.Lock()
 		defer rb.mu.Unlock()
-		return !rb.noisy[pc]
+		return !rb.noisy[pc], now.Add(rebalanceQuiet / 4)
 	}
 	rb.testPool = poolOf(t, cfg, addrs...)
 	return rb

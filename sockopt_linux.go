@@ -89,10 +89,9 @@ func connBroken(c net.Conn) bool { return tcpInfo(c) == nil }
 
 // queued reports whether c has bytes its peer has not acknowledged yet,
 // sent or not.
-func queued(c net.Conn) bool {
-	ti := tcpInfo(c)
-	return ti != nil && (ti.Unacked > 0 || ti.Notsent_bytes > 0)
-}
+func queued(c net.Conn) bool { return infoQueued(tcpInfo(c)) }
+
+func infoQueued(ti *unix.TCPInfo) bool { return ti != nil && (ti.Unacked > 0 || ti.Notsent_bytes > 0) }
 
 // stalledFor returns how long c's peer has not acknowledged anything while
 // c retransmits unacknowledged data (its retransmission timer has fired),
@@ -107,17 +106,21 @@ func stalledInfo(ti *unix.TCPInfo) time.Duration {
 	return time.Duration(ti.Last_ack_recv) * time.Millisecond
 }
 
-// answeredFor is how long c has carried no data either way, when the last
+// infoAnswered is how long a socket has carried no data either way, when the last
 // the peer sent came before c's last data to it or as a reaction to it:
 // zero if the peer spoke since, or never, or c is closed or has no
 // TCP_INFO. A reaction comes within replyLagMillis: an HTTP/2 client
 // acknowledges data with a WINDOW_UPDATE at once, a new request comes
 // later.
-func answeredFor(c net.Conn) time.Duration {
-	ti := tcpInfo(c)
+
+func infoAnswered(ti *unix.TCPInfo) time.Duration {
 	if ti == nil || ti.Bytes_received == 0 || ti.Last_data_recv+replyLagMillis < ti.Last_data_sent {
 		return 0
 	}
+	return infoQuiet(ti)
+}
+
+func infoQuiet(ti *unix.TCPInfo) time.Duration {
 	return time.Duration(min(ti.Last_data_recv, ti.Last_data_sent)) * time.Millisecond
 }
 
@@ -134,7 +137,17 @@ func quietFor(c net.Conn) (quiet time.Duration, spoke, ok bool) {
 	if ti == nil {
 		return 0, false, false
 	}
-	return time.Duration(min(ti.Last_data_recv, ti.Last_data_sent)) * time.Millisecond, ti.Bytes_received > 0, true
+	return infoQuiet(ti), ti.Bytes_received > 0, true
+}
+
+// lookAt reads pc's sockets once each for the closer (see connLook).
+func lookAt(pc *proxyConn) connLook {
+	ci := tcpInfo(pc.client)
+	if ci == nil {
+		return connLook{}
+	}
+	return connLook{quiet: infoQuiet(ci), answered: infoAnswered(ci), spoke: ci.Bytes_received > 0,
+		queued: infoQueued(ci) || infoQueued(tcpInfo(pc.upstream)), ok: true}
 }
 
 // peerCred returns the user, group and process ID of the process that made

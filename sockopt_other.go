@@ -24,7 +24,7 @@ func connBroken(net.Conn) bool                            { return true }
 func queued(net.Conn) bool                                { return false }
 func stalledFor(net.Conn) time.Duration                   { return 0 }
 func quietFor(net.Conn) (time.Duration, bool, bool)       { return 0, false, false }
-func answeredFor(net.Conn) time.Duration                  { return 0 }
+func lookAt(*proxyConn) connLook                          { return connLook{} }
 
 // peerCred fails: the daemon hands its sockets over only on Linux.
 func peerCred(syscall.RawConn) (uid, gid, pid int, err error) {

@@ -40,32 +40,24 @@ func (p *pool) closeSpreadLocked(u *upstream, window time.Duration, reason connE
 		}
 		return
 	}
-	p.wg.Go(func() { p.spreadCloser(u, conns, window, reason) })
+	at := spreadMoments(conns, time.Now(), window)
+	p.closer.add(&closeJob{reason: reason, once: true, flush: true,
+		conns: func() []*proxyConn { return conns },
+		due: func(pc *proxyConn, now time.Time, _ func() connLook) (bool, time.Time) {
+			return !now.Before(at[pc]), at[pc]
+		},
+		over: func() bool { return !p.stillClosing(u) }})
 }
 
-// spreadCloser is the goroutine that closes conns of u over window, owned
-// by the pool: its WaitGroup counts it, and stopSpread ends it.
-func (p *pool) spreadCloser(u *upstream, conns []*proxyConn, window time.Duration, reason connEnd) {
-	start := time.Now()
+// spreadMoments gives each of conns a random moment of its own slot of
+// window from start.
+func spreadMoments(conns []*proxyConn, start time.Time, window time.Duration) map[*proxyConn]time.Time {
 	slot := window / time.Duration(len(conns))
-	t := time.NewTimer(0)
-	defer t.Stop()
+	at := make(map[*proxyConn]time.Time, len(conns))
 	for i, pc := range conns {
-		at := time.Duration(i)*slot + rand.N(slot) //nolint:gosec // spreading needs no unpredictability
-		t.Reset(time.Until(start.Add(at)))
-		select {
-		case <-p.spreadCtx.Done():
-			for _, rest := range conns[i:] {
-				rest.closeFor(connEndShutdown)
-			}
-			return
-		case <-t.C:
-		}
-		if !p.stillClosing(u) {
-			return
-		}
-		pc.closeFor(reason)
+		at[pc] = start.Add(time.Duration(i)*slot + rand.N(slot)) //nolint:gosec // spreading needs no unpredictability
 	}
+	return at
 }
 
 // stillClosing reports whether u's connections are still to be closed: it

@@ -94,10 +94,10 @@ type poolConfig struct {
 	// them in one instant at its end.
 	closeSpread time.Duration
 	// rebalance: the period of the rebalancer (see rebalance.go); 0 turns
-	// it off. quiet says whether a connection may close now; nil is
-	// quietMoment.
+	// it off. quiet is its rule for a quiet moment to close a connection
+	// in (see closeJob.due); nil is quietDue.
 	rebalance time.Duration
-	quiet     func(*proxyConn) bool
+	quiet     func(pc *proxyConn, now time.Time, look func() connLook) (bool, time.Time)
 }
 
 // pool owns the set of upstreams: it adds and drains them as the endpoint
@@ -112,11 +112,12 @@ type pool struct {
 
 	ctx    context.Context //nolint:containedctx // the pool's lifetime, parent of its probes; close cancels it
 	cancel context.CancelFunc
-	// spreadCtx ends the spread closers (see spread.go): closeConns and
-	// close cancel it.
-	spreadCtx  context.Context //nolint:containedctx // as ctx
-	stopSpread context.CancelFunc
-	wg         sync.WaitGroup // probe loops, pending deadlines and spread closers
+	// closer runs the forced closes over time (see closer.go); closeCtx,
+	// which closeConns and close cancel, stops it and the rebalancer.
+	closer      *closer
+	closeCtx    context.Context //nolint:containedctx // as ctx
+	stopClosing context.CancelFunc
+	wg          sync.WaitGroup // probe loops, pending deadlines, the closer and the rebalancer
 
 	// mu guards upstreams, closed, notes, unusableSince and the mutable
 	// fields of every upstream.
@@ -134,13 +135,15 @@ type pool struct {
 func newPool(log *slog.Logger, m *metrics, cfg poolConfig, check checkFunc, sel selector) *pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &pool{log: log, m: m, cfg: cfg, check: check, sel: sel, ctx: ctx, cancel: cancel, upstreams: map[string]*upstream{}}
-	p.spreadCtx, p.stopSpread = context.WithCancel(ctx)
+	p.closer = newCloser()
+	p.closeCtx, p.stopClosing = context.WithCancel(ctx)
 	p.snap.Store(&snapshot{})
+	p.wg.Go(func() { p.closer.run(p.closeCtx) })
 	if cfg.rebalance > 0 {
 		if p.cfg.quiet == nil {
-			p.cfg.quiet = quietMoment
+			p.cfg.quiet = quietDue
 		}
-		p.wg.Go(func() { p.rebalanceLoop(p.spreadCtx) })
+		p.wg.Go(func() { p.rebalanceLoop(p.closeCtx) })
 	}
 	return p
 }
@@ -577,7 +580,7 @@ func (p *pool) detach(u *upstream, pc *proxyConn) {
 // closeConns force-closes every attached connection, and those still
 // waiting for their spread close, for shutdown.
 func (p *pool) closeConns() {
-	p.stopSpread()
+	p.stopClosing()
 	p.mu.Lock()
 	defer p.unlock()
 	for _, u := range p.upstreams {
