@@ -25,8 +25,8 @@ type closeJob struct {
 	// conns returns the connections the job may close, in the order to
 	// close them; due says whether pc's close is due at now, or when to
 	// look at it again (zero: not before something else wakes the job).
-	// look reads pc's sockets, once a look.
-	conns func() []*proxyConn
+	// look reads a connection's sockets, once a look.
+	conns func(look func(*proxyConn) connLook) []*proxyConn
 	due   func(pc *proxyConn, now time.Time, look func() connLook) (bool, time.Time)
 	// The job ends at deadline, after limit closes, once over reports
 	// true (each if set), or, when once is set, when conns has nothing
@@ -130,17 +130,18 @@ func (j *closeJob) run(now time.Time, looks map[*proxyConn]connLook) bool {
 		return true
 	}
 	j.next = earliest(j.deadline, now.Add(cmp.Or(j.every, time.Hour)))
+	lookOf := func(pc *proxyConn) connLook {
+		if _, ok := looks[pc]; !ok {
+			looks[pc] = lookAt(pc)
+		}
+		return looks[pc]
+	}
 	left := 0
-	for _, pc := range j.conns() {
+	for _, pc := range j.conns(lookOf) {
 		if connEnd(pc.ended.Load()) != connEndNone {
 			continue
 		}
-		look := func() connLook {
-			if _, ok := looks[pc]; !ok {
-				looks[pc] = lookAt(pc)
-			}
-			return looks[pc]
-		}
+		look := func() connLook { return lookOf(pc) }
 		if due, at := j.due(pc, now, look); !due {
 			left, j.next = left+1, earliest(j.next, at)
 			continue
@@ -160,7 +161,7 @@ func (j *closeJob) run(now time.Time, looks map[*proxyConn]connLook) bool {
 // connections closes at once, counted only where its end is not claimed.
 func (j *closeJob) stop() {
 	if j.flush {
-		for _, pc := range j.conns() {
+		for _, pc := range j.conns(lookAt) {
 			pc.closeFor(connEndShutdown)
 		}
 	}

@@ -58,7 +58,7 @@ func (d *daemon) stopGracefully() {
 func (p *proxy) closeAnswered(quiet, spread, window time.Duration) int {
 	start := time.Now()
 	at := map[*proxyConn]time.Time{} // the closer's alone
-	j := p.pool.closer.add(&closeJob{reason: connEndShutdown, conns: p.pool.conns, deadline: start.Add(window),
+	j := p.pool.closer.add(&closeJob{reason: connEndShutdown, conns: p.pool.allConns, deadline: start.Add(window),
 		over: func() bool { return len(p.slots) == 0 }, every: stopPoll,
 		due: func(pc *proxyConn, now time.Time, look func() connLook) (bool, time.Time) {
 			t, seen := at[pc]

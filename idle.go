@@ -89,6 +89,9 @@ func (p *pool) conns() []*proxyConn {
 	return all
 }
 
+// allConns is conns, as a closer job's.
+func (p *pool) allConns(func(*proxyConn) connLook) []*proxyConn { return p.conns() }
+
 // candidates returns the attached connections whose client socket TCP_INFO
 // describes; closed ones and, outside Linux, all are left out.
 func (p *proxy) candidates() []idleCandidate {
@@ -125,7 +128,7 @@ func (p *proxy) reclaim() {
 // least every tenth of it for new connections: a connection is closed
 // within 1.1 times it.
 func (p *proxy) reapIdle(ctx context.Context) {
-	p.pool.closer.add(&closeJob{reason: connEndIdle, conns: p.pool.conns, due: p.idle.due, every: p.idle.timeout / 10,
+	p.pool.closer.add(&closeJob{reason: connEndIdle, conns: p.pool.allConns, due: p.idle.due, every: p.idle.timeout / 10,
 		over: func() bool { return ctx.Err() != nil },
 		closed: func(pc *proxyConn, look func() connLook) {
 			l := look()

@@ -91,9 +91,9 @@ func (p *pool) rebalanceDelay() time.Duration {
 func (p *pool) rebalanceOnce(ctx context.Context) {
 	var from *upstream
 	j := p.closer.add(&closeJob{reason: connEndRebalance, due: p.cfg.quiet, deadline: time.Now().Add(rebalanceWait), limit: 1, once: true,
-		conns: func() []*proxyConn {
+		conns: func(look func(*proxyConn) connLook) []*proxyConn {
 			var conns []*proxyConn
-			from, conns = p.rebalanceCandidates(time.Now())
+			from, conns = p.rebalanceCandidates(time.Now(), look)
 			return conns
 		},
 		closed: func(pc *proxyConn, _ func() connLook) {
@@ -113,7 +113,7 @@ func (p *pool) rebalanceOnce(ctx context.Context) {
 // move: fewer than two upstreams take new connections, one of them became
 // usable less than rebalanceSettle ago, a drain or an eviction is under
 // way, or the connections are not skewed.
-func (p *pool) rebalanceCandidates(now time.Time) (*upstream, []*proxyConn) {
+func (p *pool) rebalanceCandidates(now time.Time, look func(*proxyConn) connLook) (*upstream, []*proxyConn) {
 	p.mu.Lock()
 	defer p.unlock()
 	if p.closed {
@@ -133,14 +133,14 @@ func (p *pool) rebalanceCandidates(now time.Time) (*upstream, []*proxyConn) {
 		if (u.shown != stateHealthy && u.shown != stateReady) || now.Sub(u.shownSince) < rebalanceSettle {
 			return nil, nil
 		}
-		counts = append(counts, len(p.longLived(u, now)))
+		counts = append(counts, len(p.longLived(u, now, look)))
 	}
 	from, ok := skewed(counts)
 	if !ok {
 		return nil, nil
 	}
 	u := s.groups[0][from]
-	conns := p.longLived(u, now)
+	conns := p.longLived(u, now, look)
 	slices.SortFunc(conns, func(a, b *proxyConn) int { return a.since.Compare(b.since) })
 	return u, conns
 }
@@ -170,13 +170,13 @@ func skewed(counts []int) (most int, ok bool) {
 // on one upstream had the rebalancer close the real watches there, one per
 // period (issue 44). Where TCP_INFO cannot tell (outside Linux, no TCP
 // socket), a connection counts. p.mu must be held.
-func (p *pool) longLived(u *upstream, now time.Time) []*proxyConn {
+func (p *pool) longLived(u *upstream, now time.Time, look func(*proxyConn) connLook) []*proxyConn {
 	var out []*proxyConn
 	for pc := range u.conns {
 		if now.Sub(pc.since) < p.longLivedAge() {
 			continue
 		}
-		if _, spoke, ok := quietFor(pc.client); spoke || !ok {
+		if l := look(pc); l.spoke || !l.ok {
 			out = append(out, pc)
 		}
 	}

@@ -42,7 +42,7 @@ func (p *pool) closeSpreadLocked(u *upstream, window time.Duration, reason connE
 	}
 	at := spreadMoments(conns, time.Now(), window)
 	p.closer.add(&closeJob{reason: reason, once: true, flush: true,
-		conns: func() []*proxyConn { return conns },
+		conns: func(func(*proxyConn) connLook) []*proxyConn { return conns },
 		due: func(pc *proxyConn, now time.Time, _ func() connLook) (bool, time.Time) {
 			return !now.Before(at[pc]), at[pc]
 		},

@@ -110,7 +110,7 @@ func (p *pool) describe(sources map[string][]string) []upstreamStatus {
 		st := upstreamStatus{
 			Address: u.addr, Sources: append([]string{}, sources[u.addr]...),
 			State: u.h.state.word(), StateSince: timePtr(!u.shownSince.IsZero(), u.shownSince),
-			Healthy: u.h.healthy(), FailStreak: u.h.fails, Connections: len(u.conns), LongLived: len(p.longLived(u, now)), Draining: u.h.state == upDraining,
+			Healthy: u.h.healthy(), FailStreak: u.h.fails, Connections: len(u.conns), LongLived: len(p.longLived(u, now, lookAt)), Draining: u.h.state == upDraining,
 			DrainDeadline: timePtr(u.drain.pending(), u.drainDeadline),
 			LastCheck:     timePtr(!u.lastCheck.IsZero(), u.lastCheck),
 		}
