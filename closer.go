@@ -3,7 +3,7 @@ package main
 // One closer runs the closes the daemon forces on connections over time:
 // the spread closing of a drain or an eviction (spread.go), the
 // rebalancer's close at a quiet moment (rebalance.go), the idle timeout
-// (idle.go) and the graceful stop (gracefulstop.go). Each is a job: the
+// (idle.go) and the graceful stop (listeners.go). Each is a job: the
 // connections it may close, a pure rule saying of each whether its close
 // is due or when to look again, its reason, a deadline and how many it may
 // close. One goroutine runs every job on one timer, and a look reads each

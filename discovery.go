@@ -378,7 +378,7 @@ func (w *kubeWatcher) delay() time.Duration {
 
 // closeIdle closes the client's idle connections once the provider stops:
 // made through the daemon's own listener, each is a proxied connection,
-// which a graceful stop (gracefulstop.go) would wait for.
+// which a graceful stop (listeners.go) would wait for.
 func (w *kubeWatcher) closeIdle() {
 	if c, ok := w.client.(interface{ dropIdle() }); ok {
 		c.dropIdle()

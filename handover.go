@@ -249,7 +249,7 @@ type handover struct {
 	// serves it: each probe then reaches the successor.
 	health *gate
 	// given is set by serve while a successor serves the proxy's socket
-	// too; run reads it at the stop (gracefulstop.go).
+	// too; run reads it at the stop (listeners.go).
 	given atomic.Bool
 }
 

@@ -1,7 +1,7 @@
 package main
 
 // Attacks on the hand-over of the listening sockets (handover.go) and on
-// socket activation (socketactivation.go): rollbacks, a broken successor,
+// socket activation (listeners.go): rollbacks, a broken successor,
 // a neighbour of the same user, and sockets that do not listen.
 
 import (

@@ -27,11 +27,12 @@
 // dead-connection sweep), limits.go (the connection bound), idle.go
 // (silent connections give way and time out), fairshare.go (at the bound,
 // the owner of the most slots gives one up), cache.go (the endpoint
-// cache), healthlimits.go (the health server under abuse),
-// socketactivation.go, handover.go, gate.go and handoverdir.go (sockets
-// that outlive the process), gracefulstop.go, rebalance.go,
-// ownlistener.go, status.go, check.go, version.go, log.go (logging that
-// never blocks) and sockopt_linux.go.
+// cache), healthlimits.go (the health server under abuse), listeners.go
+// (the sockets at start; socket activation and the graceful stop),
+// handover.go, gate.go and handoverdir.go (sockets handed to a successor),
+// closer.go (the closes forced over time), rebalance.go, spread.go,
+// kubeclient.go, ownlistener.go, status.go, check.go, version.go, log.go
+// (logging that never blocks) and sockopt_linux.go.
 //
 // # Data path
 //
@@ -94,14 +95,12 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"slices"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -168,106 +167,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, environ
 		return err
 	}
 	return d.run(ctx)
-}
-
-// opened is what sockets opened.
-type opened struct {
-	lb, health net.Listener
-	lbPassed   bool // the service manager passed the proxy's socket
-	// predecessor is the hand-over connection to the instance that handed
-	// sockets over, nil if none did; lbShared says the proxy's socket was
-	// one of them.
-	predecessor *net.UnixConn
-	lbShared    bool
-}
-
-func (o opened) close() {
-	_, _ = o.lb.Close(), o.health.Close()
-	if o.predecessor != nil {
-		_ = o.predecessor.Close()
-	}
-}
-
-// outlive prepares for the listening sockets to outlive the process:
-// passed by the service manager (lbPassed), or handed on to a successor
-// through --handover-socket. Handlers then outlive serve
-// (gracefulstop.go). A proxy socket shared with the instance that handed
-// it over is not accepted on until openOnUsable or follow opens its gate.
-func (d *daemon) outlive(s opened) (err error) {
-	d.activated, d.predecessor = s.lbPassed, s.predecessor
-	d.lb, d.health = newGate(s.lb, !s.lbShared), newGate(s.health, true)
-	if d.cfg.HandoverSocket != "" {
-		if d.handover, err = listenHandover(d.cfg.HandoverSocket, d.log.With("component", "handover"), d.lb, d.health); err != nil {
-			return err
-		}
-	}
-	d.proxy.graceful = s.lbPassed || d.handover != nil
-	return nil
-}
-
-// sockets opens the daemon's listeners: those the service manager passed
-// (socketactivation.go), else those the running instance hands over
-// (handover.go), else its own.
-func sockets(ctx context.Context, cfg *config, getenv func(string) string, log *slog.Logger) (s opened, err error) {
-	passed, err := activatedListeners(getenv, listenFDsStart)
-	if err != nil {
-		return opened{}, err
-	}
-	for _, ln := range passed {
-		log.Info("using the listening socket the service manager passed", "address", ln.Addr().String())
-	}
-	if len(passed) > 0 || cfg.HandoverSocket == "" {
-		s.lb, s.health, s.lbPassed, err = listen(ctx, cfg, passed)
-		return s, err
-	}
-	return takeOverOrListen(ctx, cfg, log)
-}
-
-// listen opens the proxy's and the health server's listeners, or adopts
-// those among passed, the sockets the service manager passed
-// (socketactivation.go), so that a bind error surfaces, naming its flags,
-// before anything else starts. lbPassed reports that the proxy's listener
-// is one of passed. It closes passed on error.
-func listen(ctx context.Context, cfg *config, passed []*net.TCPListener) (lb, health net.Listener, lbPassed bool, err error) {
-	n := len(passed)
-	lb, err = openListener(ctx, &passed, cfg.BindAddress, cfg.BindPort, "load balancer", "--bind-address, --bind-port",
-		listenTCP, activatedProxyListener)
-	if err != nil {
-		closeAll(passed)
-		return nil, nil, false, err
-	}
-	lbPassed = len(passed) < n
-	health, err = openListener(ctx, &passed, cfg.HealthBindAddress, cfg.HealthPort, "health server", "--health-bind-address, --health-port",
-		listenHealth, activatedHealthListener)
-	if err == nil && len(passed) > 0 {
-		_ = health.Close()
-		err = fmt.Errorf("the socket passed on %s is on neither --bind-port %d nor --health-port %d",
-			passed[0].Addr(), cfg.BindPort, cfg.HealthPort)
-	}
-	if err != nil {
-		_ = lb.Close()
-		closeAll(passed)
-		return nil, nil, false, err
-	}
-	return lb, health, lbPassed, nil
-}
-
-// openListener takes the passed listener on port and adopts it, or opens
-// one on host:port.
-func openListener(ctx context.Context, passed *[]*net.TCPListener, host string, port int, what, flags string,
-	open func(context.Context, string) (net.Listener, error), adopt func(*net.TCPListener) net.Listener) (net.Listener, error) {
-	ln, ok, err := takeActivated(passed, host, port, flags)
-	switch {
-	case err != nil:
-		return nil, err
-	case ok:
-		return adopt(ln), nil
-	}
-	l, err := open(ctx, net.JoinHostPort(host, strconv.Itoa(port)))
-	if err != nil {
-		return nil, fmt.Errorf("%s listener (%s): %w", what, flags, err)
-	}
-	return l, nil
 }
 
 // daemon wires the parts together; run owns every goroutine it starts.

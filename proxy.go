@@ -61,7 +61,7 @@ type proxy struct {
 	hedge       bool // start a second dial when the first is slow
 	// graceful: the listening socket outlives the process, so connections
 	// outlive serve until shutdown, which closes answered ones first
-	// (gracefulstop.go). Set before serve.
+	// (listeners.go). Set before serve.
 	graceful bool
 	// stopConns ends the handlers' context when graceful: serve sets it,
 	// shutdown calls it.

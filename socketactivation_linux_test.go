@@ -226,7 +226,7 @@ func TestSocketActivationRestart(t *testing.T) {
 // on a held socket while clients make requests over connections they keep
 // for a few requests each: no dial is refused and no request goes
 // unanswered, because a stopping daemon closes a connection only once its
-// client has been answered (gracefulstop.go), and the next daemon serves
+// client has been answered (listeners.go), and the next daemon serves
 // what waited in the backlog.
 func TestSocketActivationRestartLosesNoRequest(t *testing.T) {
 	if runMainIfChild() {

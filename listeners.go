@@ -1,0 +1,288 @@
+package main
+
+// The daemon's listening sockets. sockets opens them at start; with no
+// socket passed or handed over, listen opens its own, and the rest of this
+// file and handover.go, beyond the spec, can be skipped: listening sockets
+// that outlive the process, so that a restart or an upgrade refuses no
+// connection.
+//
+// Socket activation (sd_listen_fds(3)): systemd, or another service
+// manager that speaks the protocol, opens the listening sockets and passes
+// them to the daemon. A passed socket outlives the process, so while the
+// daemon restarts, a client's connection waits in its backlog for the next
+// process instead of being refused. The protocol: the sockets are
+// descriptors 3 and up, LISTEN_FDS says how many, and LISTEN_PID names the
+// process they are meant for (a child would see its parent's).
+//
+// The graceful stop, a deliberate difference from the spec, which closes
+// every connection at once on SIGTERM: when the listening socket outlives
+// the process (socket activation: systemd holds it), the next process
+// serves new connections, so cutting the open ones buys nothing and fails
+// every request in flight on them. Instead the daemon closes each one once
+// its client has been answered: the last data on the client socket went to
+// the client (or came back at once, as an HTTP/2 client's acknowledgement
+// does), and it has been quiet since for stopQuiet. A client between
+// requests then reconnects, into the next process; a request still
+// outstanding keeps its connection until it is answered or stopWindow
+// passes, when the spec's force-close takes the rest. New connections
+// wait in the backlog meanwhile, so the window is short.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// listenFDsStart is the first passed descriptor.
+const listenFDsStart = 3
+
+// activatedListeners returns the TCP listeners the service manager passed
+// to this process, the descriptors first and up; none when LISTEN_FDS is
+// unset or LISTEN_PID names another process.
+func activatedListeners(getenv func(string) string, first int) ([]*net.TCPListener, error) {
+	fds := getenv("LISTEN_FDS")
+	if fds == "" || getenv("LISTEN_PID") != strconv.Itoa(os.Getpid()) {
+		return nil, nil
+	}
+	n, err := strconv.Atoi(fds)
+	if err != nil || n < 1 || n > 2 {
+		return nil, fmt.Errorf("LISTEN_FDS=%q: want 1 or 2 sockets (the proxy's and the health server's)", fds)
+	}
+	names := strings.Split(getenv("LISTEN_FDNAMES"), ":")
+	var lns []*net.TCPListener
+	for i := range n {
+		name := "socket " + strconv.Itoa(first+i)
+		if i < len(names) && names[i] != "" {
+			name += " (" + names[i] + ")"
+		}
+		tl, err := tcpListenerFrom(uintptr(first+i), name+" passed by the service manager")
+		if err != nil {
+			closeAll(lns)
+			return nil, err
+		}
+		lns = append(lns, tl)
+	}
+	return lns, nil
+}
+
+// tcpListenerFrom makes a listener of the passed descriptor fd, which it
+// closes, named name in errors. Only a listening stream socket will do:
+// net.FileListener takes a connected one too (systemd's Accept=yes passes
+// one), on which every accept fails with EINVAL for ever.
+func tcpListenerFrom(fd uintptr, name string) (*net.TCPListener, error) {
+	f := os.NewFile(fd, name)
+	defer f.Close()
+	typ, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE)
+	listening, lerr := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	switch {
+	case errors.Join(err, lerr) != nil:
+		return nil, fmt.Errorf("%s: want a listening TCP socket: %w", name, errors.Join(err, lerr))
+	case typ != unix.SOCK_STREAM:
+		return nil, fmt.Errorf("%s: want a listening TCP socket, not a datagram or other socket (type %d)", name, typ)
+	case listening == 0:
+		return nil, fmt.Errorf("%s: want a listening TCP socket, not one that does not listen, "+
+			"such as the connection a service manager passes with Accept=yes (want Accept=no)", name)
+	}
+	ln, err := net.FileListener(f) // a duplicate; the passed descriptor is closed on return
+	tl, ok := ln.(*net.TCPListener)
+	if err == nil && !ok {
+		_ = ln.Close()
+		err = errors.New("not a TCP socket")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: want a listening TCP socket: %w", name, err)
+	}
+	return tl, nil
+}
+
+// takeActivated removes from lns the listener on port and returns it; ok
+// false if there is none. A listener on that port but another address than
+// host (when host is an address) is an error: the unit and the flags
+// disagree.
+func takeActivated(lns *[]*net.TCPListener, host string, port int, flags string) (ln *net.TCPListener, ok bool, err error) {
+	for i, ln := range *lns {
+		tcp, isTCP := ln.Addr().(*net.TCPAddr)
+		if !isTCP || tcp.Port != port {
+			continue
+		}
+		if want, err := netip.ParseAddr(host); err == nil && want.Unmap() != tcp.AddrPort().Addr().Unmap() {
+			return nil, false, fmt.Errorf("the socket passed on %s is not where %s say: %s", tcp, flags, net.JoinHostPort(host, strconv.Itoa(port)))
+		}
+		*lns = append((*lns)[:i], (*lns)[i+1:]...)
+		return ln, true, nil
+	}
+	return nil, false, nil
+}
+
+func closeAll(lns []*net.TCPListener) {
+	for _, ln := range lns {
+		_ = ln.Close()
+	}
+}
+
+// opened is what sockets opened.
+type opened struct {
+	lb, health net.Listener
+	lbPassed   bool // the service manager passed the proxy's socket
+	// predecessor is the hand-over connection to the instance that handed
+	// sockets over, nil if none did; lbShared says the proxy's socket was
+	// one of them.
+	predecessor *net.UnixConn
+	lbShared    bool
+}
+
+func (o opened) close() {
+	_, _ = o.lb.Close(), o.health.Close()
+	if o.predecessor != nil {
+		_ = o.predecessor.Close()
+	}
+}
+
+// outlive prepares for the listening sockets to outlive the process:
+// passed by the service manager (lbPassed), or handed on to a successor
+// through --handover-socket. Handlers then outlive serve
+// (listeners.go). A proxy socket shared with the instance that handed
+// it over is not accepted on until openOnUsable or follow opens its gate.
+func (d *daemon) outlive(s opened) (err error) {
+	d.activated, d.predecessor = s.lbPassed, s.predecessor
+	d.lb, d.health = newGate(s.lb, !s.lbShared), newGate(s.health, true)
+	if d.cfg.HandoverSocket != "" {
+		if d.handover, err = listenHandover(d.cfg.HandoverSocket, d.log.With("component", "handover"), d.lb, d.health); err != nil {
+			return err
+		}
+	}
+	d.proxy.graceful = s.lbPassed || d.handover != nil
+	return nil
+}
+
+// sockets opens the daemon's listeners: those the service manager passed
+// (listeners.go), else those the running instance hands over
+// (handover.go), else its own.
+func sockets(ctx context.Context, cfg *config, getenv func(string) string, log *slog.Logger) (s opened, err error) {
+	passed, err := activatedListeners(getenv, listenFDsStart)
+	if err != nil {
+		return opened{}, err
+	}
+	for _, ln := range passed {
+		log.Info("using the listening socket the service manager passed", "address", ln.Addr().String())
+	}
+	if len(passed) > 0 || cfg.HandoverSocket == "" {
+		s.lb, s.health, s.lbPassed, err = listen(ctx, cfg, passed)
+		return s, err
+	}
+	return takeOverOrListen(ctx, cfg, log)
+}
+
+// listen opens the proxy's and the health server's listeners, or adopts
+// those among passed, the sockets the service manager passed
+// (listeners.go), so that a bind error surfaces, naming its flags,
+// before anything else starts. lbPassed reports that the proxy's listener
+// is one of passed. It closes passed on error.
+func listen(ctx context.Context, cfg *config, passed []*net.TCPListener) (lb, health net.Listener, lbPassed bool, err error) {
+	n := len(passed)
+	lb, err = openListener(ctx, &passed, cfg.BindAddress, cfg.BindPort, "load balancer", "--bind-address, --bind-port",
+		listenTCP, activatedProxyListener)
+	if err != nil {
+		closeAll(passed)
+		return nil, nil, false, err
+	}
+	lbPassed = len(passed) < n
+	health, err = openListener(ctx, &passed, cfg.HealthBindAddress, cfg.HealthPort, "health server", "--health-bind-address, --health-port",
+		listenHealth, activatedHealthListener)
+	if err == nil && len(passed) > 0 {
+		_ = health.Close()
+		err = fmt.Errorf("the socket passed on %s is on neither --bind-port %d nor --health-port %d",
+			passed[0].Addr(), cfg.BindPort, cfg.HealthPort)
+	}
+	if err != nil {
+		_ = lb.Close()
+		closeAll(passed)
+		return nil, nil, false, err
+	}
+	return lb, health, lbPassed, nil
+}
+
+// openListener takes the passed listener on port and adopts it, or opens
+// one on host:port.
+func openListener(ctx context.Context, passed *[]*net.TCPListener, host string, port int, what, flags string,
+	open func(context.Context, string) (net.Listener, error), adopt func(*net.TCPListener) net.Listener) (net.Listener, error) {
+	ln, ok, err := takeActivated(passed, host, port, flags)
+	switch {
+	case err != nil:
+		return nil, err
+	case ok:
+		return adopt(ln), nil
+	}
+	l, err := open(ctx, net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return nil, fmt.Errorf("%s listener (%s): %w", what, flags, err)
+	}
+	return l, nil
+}
+
+const (
+	// stopQuiet is longer than a client's pause between the requests it
+	// has ready, and short next to stopWindow.
+	stopQuiet = 100 * time.Millisecond
+	// stopWindow bounds the stop: new connections wait for it.
+	stopWindow = time.Second
+	// stopPoll: how often the stop looks for connections that handlers
+	// still dialling attach, and for the last handler's end.
+	stopPoll = 10 * time.Millisecond
+)
+
+// stopGracefully closes the connections whose clients have been answered
+// when another process serves the listening socket after this one: the
+// next one systemd starts, within stopWindow, or the successor a hand-over
+// gave the socket to, spread over handoverSpread. Otherwise the spec's
+// force-close in shutdown takes every connection at once. serve must have
+// returned.
+func (d *daemon) stopGracefully() {
+	var spread time.Duration
+	switch {
+	case d.activated:
+	case d.handover != nil && d.handover.given.Load():
+		spread = handoverSpread
+	default:
+		return
+	}
+	start := time.Now()
+	n := d.proxy.closeAnswered(stopQuiet, spread, spread+stopWindow)
+	d.log.Info("closed the answered connections; the process serving the socket after this one takes new ones",
+		"closed", n, "left", len(d.proxy.pool.conns()), "after", time.Since(start).Round(time.Millisecond))
+}
+
+// closeAnswered closes, until every handler has ended or window has
+// passed, every connection whose client was answered at least quiet ago
+// and whose moment has come, a random one within spread of the start, and
+// returns how many it closed. serve must have returned; handlers still
+// dialling attach meanwhile and are judged as the others.
+func (p *proxy) closeAnswered(quiet, spread, window time.Duration) int {
+	start := time.Now()
+	at := map[*proxyConn]time.Time{} // the closer's alone
+	j := p.pool.closer.add(&closeJob{reason: connEndShutdown, conns: p.pool.allConns, deadline: start.Add(window),
+		over: func() bool { return len(p.slots) == 0 }, every: stopPoll,
+		due: func(pc *proxyConn, now time.Time, look func() connLook) (bool, time.Time) {
+			t, seen := at[pc]
+			if !seen {
+				t = start.Add(rand.N(spread + 1)) //nolint:gosec // spreading needs no unpredictability
+				at[pc] = t
+			}
+			if now.Before(t) {
+				return false, t
+			}
+			return answeredDue(quiet, now, look)
+		}})
+	<-j.done
+	return j.n
+}
