@@ -44,6 +44,7 @@ func TestHandoverShares(t *testing.T) {
 	if runMainIfChild() {
 		return
 	}
+	t.Parallel() // its daemons are processes of their own
 	up := startUpstream(t, echo)
 	args, addr := handoverArgs(t, up.addr)
 	first := startMain(t, args...)
@@ -93,6 +94,7 @@ func TestHandoverToAnotherPort(t *testing.T) {
 	if runMainIfChild() {
 		return
 	}
+	t.Parallel() // its daemons are processes of their own
 	up := startUpstream(t, echo)
 	args, oldAddr := handoverArgs(t, up.addr)
 	first := startMain(t, args...)

@@ -187,6 +187,7 @@ func TestSocketActivationRestart(t *testing.T) {
 	if runMainIfChild() {
 		return
 	}
+	t.Parallel() // its daemons are processes of their own
 	up := startUpstream(t, echo)
 	ln, f := listenerFile(t)
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
