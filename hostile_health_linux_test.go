@@ -35,7 +35,7 @@ import (
 const (
 	pipeFloodConns    = 200 // 400 in the report; 200 hold the cap and redial, within two shared cores under -race
 	pipeFloodRequests = 1000
-	pipeFloodFor      = 10 * time.Second
+	pipeFloodFor      = 5 * time.Second
 	pipeFloodRedial   = 200 * time.Millisecond
 	pipeFloodRamp     = time.Second
 	// Every server socket's send queue at its SO_SNDBUF (twice
