@@ -234,6 +234,7 @@ func runBlackHole(tb testing.TB, mech mechanisms, held int, during time.Duration
 }
 
 func TestSweepClosesConnectionsToVanishedPeer(t *testing.T) {
+	t.Parallel() // waits on kernel timers, in a namespace of its own
 	if !inPrivateNetns(t) {
 		return
 	}
@@ -323,6 +324,7 @@ func round(d time.Duration) time.Duration {
 // next fires, at backoff 6 about 12.8 s later; the sweep's own look at
 // TCP_INFO must end it within about 3.5 s.
 func TestSweepEndsBackedOffRetransmission(t *testing.T) {
+	t.Parallel() // waits on kernel timers, in a namespace of its own
 	if !inPrivateNetns(t) {
 		return
 	}

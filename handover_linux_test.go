@@ -44,6 +44,7 @@ func TestHandoverShares(t *testing.T) {
 	if runMainIfChild() {
 		return
 	}
+	t.Parallel() // its daemons are processes of their own
 	up := startUpstream(t, echo)
 	args, addr := handoverArgs(t, up.addr)
 	first := startMain(t, args...)
@@ -93,6 +94,7 @@ func TestHandoverToAnotherPort(t *testing.T) {
 	if runMainIfChild() {
 		return
 	}
+	t.Parallel() // its daemons are processes of their own
 	up := startUpstream(t, echo)
 	args, oldAddr := handoverArgs(t, up.addr)
 	first := startMain(t, args...)
@@ -112,17 +114,20 @@ func TestHandoverToAnotherPort(t *testing.T) {
 	second.stopCleanly(t, "serving the new port")
 }
 
-// TestHandoverLosesNoConnection hands the sockets on 100 times, each
+// TestHandoverLosesNoConnection hands the sockets on 20 times, each
 // instance to the next, stopping the old one once the next serves, while
-// clients make at least 10,000 connections of 1 to 3 requests each: no
-// dial is refused, no connection reset and no request unanswered.
+// clients make at least 2,000 connections of 1 to 3 requests each: no
+// dial is refused, no connection reset and no request unanswered. With
+// the old instance force-closing its connections instead, about a dozen
+// fail in each hand-over.
 func TestHandoverLosesNoConnection(t *testing.T) {
 	if runMainIfChild() {
 		return
 	}
 	if testing.Short() {
-		t.Skip("starts 101 daemons")
+		t.Skip("starts 21 daemons")
 	}
+	t.Parallel() // its daemons are processes of their own
 	up := startUpstream(t, slowPong)
 	args, addr := handoverArgs(t, up.addr)
 	mc := startMain(t, args...)
@@ -132,7 +137,7 @@ func TestHandoverLosesNoConnection(t *testing.T) {
 	for i := range cap(results) {
 		go func() { results <- connLoop(addr, stop, int64(i), &conns) }()
 	}
-	const handovers = 100
+	const handovers, minConns = 20, 2000
 	for i := range handovers {
 		handed := mc.logSeen("handed the listening sockets to a new instance")
 		next := startMain(t, args...)
@@ -144,15 +149,15 @@ func TestHandoverLosesNoConnection(t *testing.T) {
 		mc.stopCleanly(t, "hand-over "+strconv.Itoa(i))
 		mc = next
 	}
-	for deadline := time.Now().Add(time.Minute); conns.Load() < 10000 && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(time.Minute); conns.Load() < minConns && time.Now().Before(deadline); {
 		time.Sleep(100 * time.Millisecond)
 	}
 	close(stop)
 	total := sumCounts(results, cap(results))
 	mc.stopCleanly(t, "the last connections")
 	t.Logf("%d hand-overs: %d connections, %d requests, %d failed", handovers, total.conns, total.requests, total.failed)
-	if total.failed > 0 || total.conns < 10000 {
-		t.Errorf("%d of %d connections failed (first: %v); want none of at least 10000", total.failed, total.conns, total.firstErr)
+	if total.failed > 0 || total.conns < minConns {
+		t.Errorf("%d of %d connections failed (first: %v); want none of at least %d", total.failed, total.conns, total.firstErr, minConns)
 	}
 }
 

@@ -87,6 +87,7 @@ func TestHostileRollbackStrandsNode(t *testing.T) {
 	if runMainIfChild() {
 		return
 	}
+	t.Parallel() // its daemons are processes of their own
 	up := startUpstream(t, echo)
 	args, addr := handoverArgs(t, up.addr)
 	o := startMain(t, args...)
@@ -135,6 +136,7 @@ func TestHostileBrokenSuccessor(t *testing.T) {
 	if runMainIfChild() {
 		return
 	}
+	t.Parallel() // its daemons are processes of their own
 	up := startUpstream(t, echo)
 	args, addr := handoverArgs(t, up.addr)
 	health := net.JoinHostPort("127.0.0.1", args[slices.Index(args, "--health-port")+1])
@@ -249,6 +251,7 @@ func TestHostileSameUidOtherGroupTakesSockets(t *testing.T) {
 	if runMainIfChild() || runPeerIfChild() {
 		return
 	}
+	t.Parallel() // its daemons are processes of their own
 	if os.Geteuid() != 0 {
 		t.Skip("runs the daemon and the peer as other users")
 	}

@@ -30,6 +30,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// TestMain runs four tests marked t.Parallel at once, not GOMAXPROCS (two
+// on CI): they wait on kernel timers and on daemons in processes of their
+// own, not on this process's CPU, and two at a time queued them for a
+// minute. An explicit -parallel is kept.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	explicit := false
+	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
+	if !explicit {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(4, runtime.GOMAXPROCS(0))))
+	}
+	m.Run()
+}
+
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t *testing.T) int {
 	t.Helper()

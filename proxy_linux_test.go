@@ -429,6 +429,8 @@ func TestRefusedOptionsDoNotFailDials(t *testing.T) {
 // where the kernel refuses it), and it counted as a dead upstream
 // connection; handle gives up after flushTimeout and closes both.
 func TestYieldedConnectionEndsWithinFlushTimeout(t *testing.T) {
+	// It waits out flushTimeout on a proxy of its own.
+	t.Parallel()
 	up := startUpstream(t, exhEcho) // each write ends before the next read
 	px := startProxy(t, poolConfig{}, up.addr)
 	c := dialProxy(t, px.addr)

@@ -88,6 +88,7 @@ func TestSuspectUpstreamSocketsSwitchToSweepSettings(t *testing.T) {
 // whose keepalive probes the upstream answers. (TestStalledInfo covers the
 // criterion rule by rule.)
 func TestSweepSparesLiveConnections(t *testing.T) {
+	t.Parallel() // waits out stalledAfter on a proxy of its own
 	sw := newSwept(t)
 	idle := dialProxy(t, sw.px.addr)
 	if err := roundTrip(idle, []byte("x")); err != nil {
