@@ -53,14 +53,19 @@ type closer struct {
 	jobs    []*closeJob
 	stopped bool
 	wake    chan struct{} // a job was added
+	// start starts run, once, with the first job: a pool that never
+	// closes a connection over time runs no goroutine for it.
+	start   func()
+	started sync.Once
 }
 
-func newCloser() *closer { return &closer{wake: make(chan struct{}, 1)} }
+func newCloser(start func()) *closer { return &closer{wake: make(chan struct{}, 1), start: start} }
 
 // add starts j and returns it; j.done is closed when it ends, at once on a
 // stopped closer.
 func (c *closer) add(j *closeJob) *closeJob {
 	j.done = make(chan struct{})
+	c.started.Do(c.start)
 	c.mu.Lock()
 	stopped := c.stopped
 	if !stopped {

@@ -66,9 +66,9 @@ func TestSilentConnectionsGiveWayAtTheLimit(t *testing.T) {
 	if got := px.idleClosed(reasonLimit); got < want || got > want+5 {
 		t.Errorf("idle_connections_closed_total{reason=limit}: got %v; want %v (a few more if a slot came late)", got, want)
 	}
-	if got := px.attached(); got != slots {
-		t.Errorf("attached after: got %d; want %d", got, slots)
-	}
+	// The clients still in the backlog take the slots the closes freed:
+	// every slot is in use again, none lost.
+	waitFor(t, "every slot in use again", func() bool { return px.attached() == slots })
 }
 
 // TestSpokenConnectionsKeepTheirSlots: at the limit, connections that have

@@ -135,10 +135,9 @@ type pool struct {
 func newPool(log *slog.Logger, m *metrics, cfg poolConfig, check checkFunc, sel selector) *pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &pool{log: log, m: m, cfg: cfg, check: check, sel: sel, ctx: ctx, cancel: cancel, upstreams: map[string]*upstream{}}
-	p.closer = newCloser()
 	p.closeCtx, p.stopClosing = context.WithCancel(ctx)
+	p.closer = newCloser(func() { p.wg.Go(func() { p.closer.run(p.closeCtx) }) })
 	p.snap.Store(&snapshot{})
-	p.wg.Go(func() { p.closer.run(p.closeCtx) })
 	if cfg.rebalance > 0 {
 		if p.cfg.quiet == nil {
 			p.cfg.quiet = quietDue
