@@ -183,7 +183,7 @@ func earliest(a, b time.Time) time.Time {
 
 // connLook is what one look at a connection found (see lookAt): of its
 // client socket, how long it has carried no data (quiet), how long since it
-// was answered (see answeredFor) and whether its client ever spoke; of
+// was answered (see infoAnswered) and whether its client ever spoke; of
 // both sockets, whether bytes are unacknowledged. ok: TCP_INFO was read.
 type connLook struct {
 	quiet, answered   time.Duration

@@ -33,7 +33,7 @@ const (
 	rebalanceSettle = 2 * time.Minute
 	// rebalanceQuiet: how long a connection's client must have been
 	// answered, with nothing unacknowledged either way, before it closes:
-	// no request is in flight on it then (see answeredFor). Longer than an
+	// no request is in flight on it then (see infoAnswered). Longer than an
 	// HTTP/2 client's reaction and its pause between the requests it has
 	// ready; short enough that a watch with an event every half second
 	// (the e2e workload's) still has quiet moments.
@@ -165,7 +165,7 @@ func skewed(counts []int) (most int, ok bool) {
 }
 
 // longLived returns u's connections older than longLivedAge whose client
-// has spoken. One that never sent a byte is never quiet (see quietMoment),
+// has spoken. One that never sent a byte is never quiet (see quietDue),
 // so it never closes: counted, a local process that piled such connections
 // on one upstream had the rebalancer close the real watches there, one per
 // period (issue 44). Where TCP_INFO cannot tell (outside Linux, no TCP
