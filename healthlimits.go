@@ -7,7 +7,7 @@ package main
 // are kept away (TCP_DEFER_ACCEPT), the open ones are capped without the
 // accept loop ever waiting (connCap), each with a small send buffer
 // (healthSendBuffer), a request's body is never waited for (dropBodies),
-// and accept errors are retried (steadyListener, proxy.go).
+// and accept errors are retried (steadylistener.go).
 
 import (
 	"context"

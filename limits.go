@@ -1,5 +1,10 @@
 package main
 
+import (
+	"context"
+	"time"
+)
+
 // Beyond the spec: the bound on proxied connections. Without it a local
 // process opening connections until the daemon runs out of descriptors or
 // memory would stop it serving, or get it killed with every proxied
@@ -84,4 +89,31 @@ func maxConnections(nofile, memory uint64) (int, string) {
 		return byMemory, limitByMemory
 	}
 	return byFiles, limitByFiles
+}
+
+// takeSlot takes a connection slot for the client just accepted. While
+// every slot is in use, it closes a silent connection for it where one
+// qualifies (see idle.go) and waits for a slot, looking again every
+// reclaimPoll; the clients after it wait in the listen backlog meanwhile.
+// It reports false once ctx ends.
+func (p *proxy) takeSlot(ctx context.Context) bool {
+	select {
+	case p.slots <- struct{}{}:
+		return true
+	default:
+	}
+	if _, due := p.limitWarn.note(time.Now()); due {
+		p.log.Warn("at the connection limit: new clients wait in the listen backlog until a connection ends or a silent one is closed for them; raise the open-files or memory limit for more",
+			"limit", cap(p.slots))
+	}
+	for {
+		p.reclaim()
+		select {
+		case p.slots <- struct{}{}:
+			return true
+		case <-ctx.Done():
+			return false
+		case <-time.After(reclaimPoll):
+		}
+	}
 }

@@ -27,7 +27,8 @@
 // dead-connection sweep), limits.go (the connection bound), idle.go
 // (silent connections give way and time out), fairshare.go (at the bound,
 // the owner of the most slots gives one up), cache.go (the endpoint
-// cache), healthlimits.go (the health server under abuse), listeners.go
+// cache), healthlimits.go (the health server under abuse),
+// steadylistener.go (accept errors back off and retry), listeners.go
 // (the sockets at start; socket activation and the graceful stop),
 // handover.go, gate.go and handoverdir.go (sockets handed to a successor),
 // closer.go (the closes forced over time), rebalance.go, spread.go,
@@ -368,17 +369,11 @@ func (d *daemon) apply(applied []string, toCache chan []string) []string {
 // pool that deadlocked blocks here, and a failing Accept skips the beat, so
 // in both cases /healthz fails once --liveness-threshold has passed.
 func (d *daemon) beat() {
-	d.pool.responsive()
+	d.pool.mu.Lock()
+	d.pool.mu.Unlock() //nolint:staticcheck // an empty critical section is the point
 	if stalled := d.proxy.acceptStalledFor(); stalled > 0 {
 		d.log.Warn("liveness beat skipped: accept failing", "for", stalled)
 		return
 	}
 	d.heartbeat.beat()
-}
-
-// responsive takes the pool's lock and lets go; the liveness beat calls it
-// so that a deadlocked pool stops the beat.
-func (p *pool) responsive() {
-	p.mu.Lock()
-	p.mu.Unlock() //nolint:staticcheck // an empty critical section is the point
 }

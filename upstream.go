@@ -623,24 +623,6 @@ func (p *pool) publishLocked() {
 	p.noteUsableLocked(s.healthy)
 }
 
-// noteUsableLocked logs an error when the last usable upstream goes, once
-// for the whole episode (each upstream's own lines say why), and when one
-// is usable again. New connections then get only last-resort dials, and
-// the node is about to lose the API.
-func (p *pool) noteUsableLocked(usable int) {
-	switch {
-	case p.closed:
-	case usable == 0 && p.unusableSince.IsZero():
-		p.unusableSince = time.Now()
-		p.notes = append(p.notes, logNote{p.log, slog.LevelError, "no upstream usable: new connections get last-resort dials only",
-			[]any{"upstreams", len(p.upstreams)}})
-	case usable > 0 && !p.unusableSince.IsZero():
-		p.notes = append(p.notes, logNote{p.log, slog.LevelInfo, "upstream usable again",
-			[]any{"usable", usable, "after", time.Since(p.unusableSince).Round(time.Millisecond)}})
-		p.unusableSince = time.Time{}
-	}
-}
-
 // updateEvictionsLocked starts, calls off or keeps the eviction of each
 // upstream's connections: an upstream that failed its probes while another
 // healthy upstream is ready loses its connections after drainTimeout, so
