@@ -113,6 +113,12 @@ func (b *bench) reqRespScenario() error {
 			return err
 		}
 	}
+	b.reqRespReport(s, connCounts, warmup)
+	return nil
+}
+
+// reqRespReport writes the request/response section and its target.
+func (b *bench) reqRespReport(s samples, connCounts []int, warmup time.Duration) {
 	b.section("2. Request/response",
 		fmt.Sprintf("64 B ping-pong on 1 and on 64 persistent connections, %s per run (the first %s not recorded). Round-trip times.", b.cfg.dur, warmup))
 	var t table
@@ -132,7 +138,7 @@ func (b *bench) reqRespScenario() error {
 	}
 	b.rep.WriteString(t.String())
 	if b.compares(tgtReqResp, sysEP, sysBaseline) {
-		met, parts := true, []string{}
+		met, parts := true, make([]string, 0, len(connCounts))
 		for _, conns := range connCounts {
 			suffix := fmt.Sprintf("/%d", conns)
 			ep, base := s.med(sysEP+suffix, "p99"), s.med(sysBaseline+suffix, "p99")
@@ -141,7 +147,6 @@ func (b *bench) reqRespScenario() error {
 		}
 		b.setTargetf(tgtReqResp, met, "%s", strings.Join(parts, "; "))
 	}
-	return nil
 }
 
 // 3. Bulk.
@@ -168,6 +173,12 @@ func (b *bench) bulkScenario() error {
 			return err
 		}
 	}
+	b.bulkReport(s, streamCounts)
+	return nil
+}
+
+// bulkReport writes the bulk section and its targets.
+func (b *bench) bulkReport(s samples, streamCounts []int) {
 	b.section("3. Bulk",
 		fmt.Sprintf("%s per run, as 1 stream or as 4 concurrent streams of %s, downloaded through the proxy (upstream → proxy → client, like a large LIST or WATCH response). Proxy CPU is utime+stime of the proxy process over the run.", mib(b.cfg.bulkBytes), mib(b.cfg.bulkBytes/4)))
 	var t table
@@ -185,7 +196,7 @@ func (b *bench) bulkScenario() error {
 	// Both calls, so that each row says what is missing.
 	if rateOK, cpuOK := b.compares(tgtBulkRate, sysEP, sysHAProxy), b.compares(tgtBulkCPU, sysEP, sysHAProxy); rateOK && cpuOK {
 		rateMet, cpuMet := true, true
-		var rates, cpus []string
+		rates, cpus := make([]string, 0, len(streamCounts)), make([]string, 0, len(streamCounts))
 		for _, streams := range streamCounts {
 			suffix := fmt.Sprintf("/%d", streams)
 			ep, hp := s.med(sysEP+suffix, "gbps"), s.med(sysHAProxy+suffix, "gbps")
@@ -198,7 +209,6 @@ func (b *bench) bulkScenario() error {
 		b.setTargetf(tgtBulkRate, rateMet, "%s", strings.Join(rates, "; "))
 		b.setTargetf(tgtBulkCPU, cpuMet, "%s", strings.Join(cpus, "; "))
 	}
-	return nil
 }
 
 // straceSyscalls are the data-path calls counted under strace.
@@ -259,6 +269,12 @@ func (b *bench) straceScenario() error {
 		log.Printf("  strace   %-14s %v", name, calls)
 		rows = append(rows, straceRow{name, n, calls})
 	}
+	b.straceReport(rows)
+	return nil
+}
+
+// straceReport writes the splice check's section and its target.
+func (b *bench) straceReport(rows []straceRow) {
 	b.section("Splice check (strace)",
 		fmt.Sprintf("One download through each proxy (%s through the extractedprism builds, %s through the others) with `strace -f -c -e trace=%s -p PID` attached to the proxying process. Calls (errors, mostly EAGAIN, in parentheses). strace slows the proxy; this run only counts calls.",
 			mib(b.cfg.straceBytes), mib(b.cfg.straceBytes/4), strings.Join(straceSyscalls, ",")))
@@ -266,7 +282,7 @@ func (b *bench) straceScenario() error {
 	t.head = append([]string{colSystem}, straceSyscalls...)
 	t.head = append(t.head, "bytes per successful splice")
 	for _, r := range rows {
-		cells := []string{r.name}
+		cells := append(make([]string, 0, len(straceSyscalls)+2), r.name)
 		for _, sc := range straceSyscalls {
 			c := r.calls[sc]
 			cell := fmtNum(float64(c[0]), 0)
@@ -286,7 +302,6 @@ func (b *bench) straceScenario() error {
 			}
 		}
 	}
-	return nil
 }
 
 // spliceTarget records whether splice carried extractedprism's download:
@@ -407,6 +422,16 @@ func (b *bench) footprintScenario() error {
 	}
 	b.rep.WriteString(t.String())
 	b.rep.WriteString("\n")
+	b.binarySizes()
+	if b.compares(tgtIdleRSS, sysEP) {
+		b.setTargetf(tgtIdleRSS, s.med(sysEP, "rss") <= maxIdleRSSMiB, "%s (no client connection open, after two health-check rounds and three /metrics scrapes)",
+			b.perBuild(func(sys string) string { return fmtNum(s.med(sys, "rss"), 1) + " MiB" }))
+	}
+	return nil
+}
+
+// binarySizes writes the table of the binaries' sizes.
+func (b *bench) binarySizes() {
 	var bt table
 	bt.head = []string{"Binary", "bytes", "MB (10^6)", "MiB"}
 	sizeRow := func(label, path string) {
@@ -429,11 +454,6 @@ func (b *bench) footprintScenario() error {
 		sizeRow("nginx stream module", "/usr/lib/nginx/modules/ngx_stream_module.so")
 	}
 	b.rep.WriteString(bt.String())
-	if b.compares(tgtIdleRSS, sysEP) {
-		b.setTargetf(tgtIdleRSS, s.med(sysEP, "rss") <= maxIdleRSSMiB, "%s (no client connection open, after two health-check rounds and three /metrics scrapes)",
-			b.perBuild(func(sys string) string { return fmtNum(s.med(sys, "rss"), 1) + " MiB" }))
-	}
-	return nil
 }
 
 // 6. Failover.
