@@ -239,7 +239,7 @@ func (p *pool) addLocked(addr string) {
 		connGauge:   p.m.upstreamConns.WithLabelValues(addr),
 		counters:    newConnCounters(p.m, addr),
 		recheck:     make(chan struct{}, 1),
-		h:           newHealth(healthRules{p.cfg.readyz, p.cfg.interval}),
+		h:           newHealth(p.rules()),
 		conns:       map[*proxyConn]struct{}{},
 	}
 	p.upstreams[addr] = u
@@ -495,12 +495,15 @@ func (h health) probe(res checkResult) health {
 	return h
 }
 
+// rules are the pool's settings that an upstream's state steps by.
+func (p *pool) rules() healthRules { return healthRules{p.cfg.readyz, p.cfg.interval} }
+
 // applyLocked moves u's state by one check or dial result, applies what
 // changed (metrics, log lines, the sweep's socket settings) and reports
 // whether the state changed. u is neither removed nor draining.
 func (p *pool) applyLocked(u *upstream, res checkResult) (changed bool) {
 	was, now := u.h, time.Now()
-	u.h = was.step(res, now, healthRules{p.cfg.readyz, p.cfg.interval})
+	u.h = was.step(res, now, p.rules())
 	if res.err != nil {
 		u.lastErr, u.lastErrAt = res.err, now
 	}
