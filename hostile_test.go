@@ -613,7 +613,7 @@ func TestHostileReadyzUpstreams(t *testing.T) {
 		}
 		cc := &rzCountingConn{Conn: raw}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = probe.probe(ctx, servers[i].addr, cc)
+		_ = rzProbe(ctx, probe, servers[i].addr, cc)
 		cancel()
 		closeAbortive(raw)
 		if n := cc.read.Load(); n > 2*maxReadyzResponse {

@@ -1,12 +1,17 @@
 package main
 
 // Beyond the spec: the readyz probe keeps its TLS connection to each
-// upstream and repeats GET /readyz on it, instead of a handshake per probe.
-// A fleet's probes are most of what its balancers cost the API servers,
-// and the handshake is about 40 % of a probe there (e2e/cmd/fleet -kinds).
-// The TCP check stays a fresh connect each time, so a black hole or a
-// restart is seen exactly as before; the kept connection only carries the
-// request.
+// upstream and repeats GET /readyz on it, instead of a connect and a
+// handshake per probe. A fleet's probes are most of what its balancers
+// cost the API servers: the handshake was about 40 % of a probe there
+// (e2e/cmd/fleet -kinds), and a TCP check that connects and resets counts
+// as a failed handshake on the API server.
+//
+// While the kept connection answers, within the first half of the probe's
+// time, its answer is the check. A kept connection that is missing, broken
+// or silent gives way to a fresh connect and handshake in the time left,
+// so a black hole, a restart or a refused connect is seen as by the TCP
+// check: the connect fails.
 //
 // Each upstream has its own http.Transport, which keeps the connection
 // alive between probes, drops it when the upstream closes it or asks to,
@@ -35,11 +40,42 @@ import (
 const keptMaxAge = 5 * time.Minute
 
 // keptTransport is an upstream's transport, with the credentials its
-// connections were made with and when it began to make them.
+// connections were made with, when it began to make them, and the TCP
+// connection under the last one it made, whose round-trip time the kernel
+// measures.
 type keptTransport struct {
 	*http.Transport
 	creds [sha256.Size]byte
 	since time.Time
+	last  atomic.Pointer[net.Conn]
+}
+
+// checkKept probes addr over its kept connection alone, within the first
+// half of ctx's time, and reports whether that connection answered, 200
+// or not. The round-trip time is the kernel's estimate for the connection
+// (none outside Linux).
+func (r *readyzProbe) checkKept(ctx context.Context, addr string, cfg *tls.Config, sum [sha256.Size]byte) (checkResult, bool) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return checkResult{}, false
+	}
+	kctx, cancel := context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+	defer cancel()
+	err := r.probe(kctx, addr, nil, cfg, sum)
+	if err != nil && !errors.Is(err, errNotReady) {
+		return checkResult{}, false
+	}
+	res := checkResult{probed: true, notReady: err}
+	r.mu.Lock()
+	kt := r.kept[addr]
+	r.mu.Unlock()
+	if kt == nil { // forgotten meanwhile: the probe loop ends
+		return res, true
+	}
+	if c := kt.last.Load(); c != nil {
+		res.rtt = connRTT(*c)
+	}
+	return res, true
 }
 
 // usable says whether kt's connections may carry a probe with the
@@ -86,11 +122,13 @@ func (r *readyzProbe) forget(addr string) {
 }
 
 // freshConn is the connection a probe's TCP check has just made, for
-// dialFresh to take once, with the probe's TLS configuration and deadline.
+// dialFresh to take once, with the probe's TLS configuration, deadline and
+// transport; c is nil for a probe on the kept connection alone.
 type freshConn struct {
 	c        net.Conn
 	cfg      *tls.Config
 	deadline time.Time
+	kt       *keptTransport
 	taken    atomic.Bool
 }
 
@@ -98,7 +136,7 @@ type freshConnKey struct{}
 
 // closeUnused closes f's connection unless dialFresh took it.
 func (f *freshConn) closeUnused() {
-	if f.taken.CompareAndSwap(false, true) {
+	if f.taken.CompareAndSwap(false, true) && f.c != nil {
 		closeAbortive(f.c)
 	}
 }
@@ -110,7 +148,7 @@ func (f *freshConn) closeUnused() {
 // probe loop ends, cancels the handshake.
 func dialFresh(ctx context.Context, _, _ string) (net.Conn, error) {
 	f, _ := ctx.Value(freshConnKey{}).(*freshConn)
-	if f == nil || !f.taken.CompareAndSwap(false, true) {
+	if f == nil || f.c == nil || !f.taken.CompareAndSwap(false, true) {
 		return nil, errors.New("no fresh connection for a handshake")
 	}
 	if sock, ok := f.c.(*net.TCPConn); ok {
@@ -123,6 +161,7 @@ func dialFresh(ctx context.Context, _, _ string) (net.Conn, error) {
 		return nil, fmt.Errorf("TLS handshake: %w", err)
 	}
 	_ = f.c.SetDeadline(time.Time{}) // the transport heeds each request's context
+	f.kt.last.Store(&f.c)
 	return tc, nil
 }
 

@@ -20,7 +20,7 @@ import (
 
 // checkResult is the outcome of one health check.
 type checkResult struct {
-	rtt time.Duration // connect time of a successful TCP check
+	rtt time.Duration // connect time of a successful TCP check, or the kept connection's round trip
 	err error         // the TCP check failed
 	// probed is set when a /readyz probe ran, after a successful connect;
 	// notReady is its failure, nil when the upstream answered 200.
@@ -161,32 +161,43 @@ const maxReadyzResponse = 64 << 10
 
 var errNotReady = errors.New("readyz: not ready")
 
+// check probes addr over its kept connection if that answers (see
+// checkKept), else over a fresh connection, as a TCP check and a
+// handshake. The credentials are read once per check.
 func (r *readyzProbe) check(ctx context.Context, addr string) checkResult {
+	cfg, sum, cfgErr := r.tlsConfig()
+	if cfgErr == nil {
+		if res, ok := r.checkKept(ctx, addr, cfg, sum); ok {
+			return res
+		}
+	}
 	c, rtt, err := connectTimed(ctx, addr)
 	if err != nil {
 		r.forget(addr) // refused or unreachable: the kept connection is of no use
 		return checkResult{err: err}
 	}
-	return checkResult{rtt: rtt, probed: true, notReady: r.probe(ctx, addr, c)}
+	if cfgErr != nil {
+		closeAbortive(c)
+		return checkResult{rtt: rtt, probed: true, notReady: cfgErr}
+	}
+	return checkResult{rtt: rtt, probed: true, notReady: r.probe(ctx, addr, c, cfg, sum)}
 }
 
-// probe sends GET /readyz to addr within ctx, over its kept connection or
-// a TLS connection on c, and reports nil for a 200 answer. Redirects are
-// not followed: they are answers other than 200. c is closed unless it
-// became the kept connection.
-func (r *readyzProbe) probe(ctx context.Context, addr string, c net.Conn) error {
-	cfg, sum, err := r.tlsConfig()
+// probe sends GET /readyz to addr within ctx, with the TLS configuration
+// cfg made from the credentials sum, over its kept connection or a TLS
+// connection on c (none if c is nil), and reports nil for a 200 answer.
+// Redirects are not followed: they are answers other than 200. c is closed
+// unless it became the kept connection.
+func (r *readyzProbe) probe(ctx context.Context, addr string, c net.Conn, cfg *tls.Config, sum [sha256.Size]byte) error {
 	dl, _ := ctx.Deadline()
 	fresh := &freshConn{c: c, cfg: cfg, deadline: dl}
 	defer fresh.closeUnused()
-	if err != nil {
-		return err
-	}
 	req, err := r.request(context.WithValue(ctx, freshConnKey{}, fresh))
 	if err != nil {
 		return err
 	}
 	kt := r.transport(addr, sum)
+	fresh.kt = kt
 	resp, err := kt.RoundTrip(req)
 	if err != nil {
 		return fmt.Errorf("readyz: %w", err)

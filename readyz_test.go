@@ -229,6 +229,15 @@ func rzStartAPIServer(t *testing.T, name string, cert tls.Certificate) *rzAPISer
 	return s
 }
 
+// rzProbe is p's probe over c alone, with the credentials p reads.
+func rzProbe(ctx context.Context, p *readyzProbe, addr string, c net.Conn) error {
+	cfg, sum, err := p.tlsConfig()
+	if err != nil {
+		return err
+	}
+	return p.probe(ctx, addr, c, cfg, sum)
+}
+
 func rzCheck(p *readyzProbe, addr string, timeout time.Duration) (checkResult, time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -436,7 +445,7 @@ func TestReadyzProbeBoundsResponseSize(t *testing.T) {
 		c := &rzCountingConn{Conn: raw}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		start := time.Now()
-		err = pki.probe().probe(ctx, addr, c)
+		err = rzProbe(ctx, pki.probe(), addr, c)
 		elapsed := time.Since(start)
 		cancel()
 		closeAbortive(raw)

@@ -41,7 +41,31 @@ const (
 	// rebalanceWait: how long each period waits for such a moment. A
 	// connection that is never quiet is never closed.
 	rebalanceWait = 10 * time.Second
+	// rebalanceSteer: how long after a rebalancing close new connections
+	// go to the upstream with the fewest long-lived connections, so that
+	// the closed connection's client, reconnecting, moves there: with
+	// random selection two closes in three moved nothing. Longer than a
+	// client-go reflector's backoff after a broken watch (up to 1.6 s);
+	// the short requests sent there meanwhile change no balance.
+	rebalanceSteer = 2 * time.Second
 )
+
+// steer is where new connections go until a time (see rebalanceSteer).
+type steer struct {
+	to    *upstream
+	until time.Time
+}
+
+// steered returns the upstream a recent rebalancing close steers a first
+// dial to, or nil: none, the time is up, or it is no longer among the
+// most preferred pickable upstreams.
+func (p *pool) steered(groups [][]*upstream, tried []*upstream) *upstream {
+	s := p.steer.Load()
+	if s == nil || len(tried) > 0 || len(groups) == 0 || !slices.Contains(groups[0], s.to) || time.Now().After(s.until) {
+		return nil
+	}
+	return s.to
+}
 
 // quietDue is the daemon's poolConfig.quiet: pc's client has been answered
 // for rebalanceQuiet and neither socket holds unacknowledged bytes.
@@ -89,18 +113,19 @@ func (p *pool) rebalanceDelay() time.Duration {
 // of the most loaded upstream that is quiet within rebalanceWait, while the
 // skew lasts.
 func (p *pool) rebalanceOnce(ctx context.Context) {
-	var from *upstream
+	var from, to *upstream
 	j := p.closer.add(&closeJob{reason: connEndRebalance, due: p.cfg.quiet, deadline: time.Now().Add(rebalanceWait), limit: 1, once: true,
 		conns: func(look func(*proxyConn) connLook) []*proxyConn {
 			var conns []*proxyConn
-			from, conns = p.rebalanceCandidates(time.Now(), look)
+			from, to, conns = p.rebalanceCandidates(time.Now(), look)
 			return conns
 		},
 		closed: func(pc *proxyConn, _ func() connLook) {
+			p.steer.Store(&steer{to: to, until: time.Now().Add(rebalanceSteer)})
 			p.mu.Lock()
 			defer p.unlock()
 			p.note(from, slog.LevelInfo, "closing a long-lived connection to rebalance", "client", pc.client.RemoteAddr().String(),
-				"age", time.Since(pc.since).Round(time.Second), "connections", len(from.conns))
+				"age", time.Since(pc.since).Round(time.Second), "connections", len(from.conns), "to", to.addr)
 		}})
 	select {
 	case <-j.done:
@@ -108,60 +133,61 @@ func (p *pool) rebalanceOnce(ctx context.Context) {
 	}
 }
 
-// rebalanceCandidates returns the upstream to take a connection from and
-// its long-lived connections, oldest first, or nil while nothing is to
-// move: fewer than two upstreams take new connections, one of them became
-// usable less than rebalanceSettle ago, a drain or an eviction is under
-// way, or the connections are not skewed.
-func (p *pool) rebalanceCandidates(now time.Time, look func(*proxyConn) connLook) (*upstream, []*proxyConn) {
+// rebalanceCandidates returns the upstream to take a connection from, the
+// one to steer its client to, and the first's long-lived connections,
+// oldest first; no connections while nothing is to move: fewer than two
+// upstreams take new connections, one of them became usable less than
+// rebalanceSettle ago, a drain or an eviction is under way, or the
+// connections are not skewed.
+func (p *pool) rebalanceCandidates(now time.Time, look func(*proxyConn) connLook) (from, to *upstream, conns []*proxyConn) {
 	p.mu.Lock()
 	defer p.unlock()
 	if p.closed {
-		return nil, nil
+		return nil, nil, nil
 	}
 	for _, u := range p.upstreams {
 		if u.h.state == upDraining || u.evicted || u.evict.pending() {
-			return nil, nil
+			return nil, nil, nil
 		}
 	}
 	s := p.snap.Load()
 	if len(s.groups) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	counts := make([]int, 0, len(s.groups[0]))
 	for _, u := range s.groups[0] {
 		if (u.shown != stateHealthy && u.shown != stateReady) || now.Sub(u.shownSince) < rebalanceSettle {
-			return nil, nil
+			return nil, nil, nil
 		}
 		counts = append(counts, len(p.longLived(u, now, look)))
 	}
-	from, ok := skewed(counts)
+	most, least, ok := skewed(counts)
 	if !ok {
-		return nil, nil
+		return nil, nil, nil
 	}
-	u := s.groups[0][from]
-	conns := p.longLived(u, now, look)
+	from, to = s.groups[0][most], s.groups[0][least]
+	conns = p.longLived(from, now, look)
 	slices.SortFunc(conns, func(a, b *proxyConn) int { return a.since.Compare(b.since) })
-	return u, conns
+	return from, to, conns
 }
 
-// skewed returns the index of the most loaded of counts, and whether it
-// holds at least two more than the least loaded: only then does one close
-// leave the two closer, never emptier than one, and never the other way
-// round. Fewer than two counts are never skewed.
-func skewed(counts []int) (most int, ok bool) {
+// skewed returns the indexes of the most and the least loaded of counts,
+// and whether the first holds at least two more than the second: only
+// then does one close leave the two closer, never emptier than one, and
+// never the other way round. Fewer than two counts are never skewed.
+func skewed(counts []int) (most, least int, ok bool) {
 	if len(counts) < 2 {
-		return 0, false
+		return 0, 0, false
 	}
-	most = 0
-	least := counts[0]
 	for i, n := range counts {
 		if n > counts[most] {
 			most = i
 		}
-		least = min(least, n)
+		if n < counts[least] {
+			least = i
+		}
 	}
-	return most, counts[most] >= least+2
+	return most, least, counts[most] >= counts[least]+2
 }
 
 // longLived returns u's connections older than longLivedAge whose client

@@ -12,32 +12,32 @@ import (
 
 func TestSkewed(t *testing.T) {
 	tests := []struct {
-		counts []int
-		most   int
-		ok     bool
+		counts      []int
+		most, least int
+		ok          bool
 	}{
-		{nil, 0, false},
-		{[]int{5}, 0, false},       // a single upstream
-		{[]int{1, 0}, 0, false},    // one apart: a move would only swap them
-		{[]int{2, 0}, 0, true},     // the most loaded keeps one
-		{[]int{3, 0, 0}, 0, true},  // kubelet, kube-proxy and CNI agent on one API server
-		{[]int{1, 1, 1}, 0, false}, // even
-		{[]int{2, 1, 1}, 0, false}, // as even as whole connections get
-		{[]int{0, 4, 2}, 1, true},  // the most loaded, wherever it is
-		{[]int{6, 6, 4, 7}, 3, true},
+		{nil, 0, 0, false},
+		{[]int{5}, 0, 0, false},       // a single upstream
+		{[]int{1, 0}, 0, 1, false},    // one apart: a move would only swap them
+		{[]int{2, 0}, 0, 1, true},     // the most loaded keeps one
+		{[]int{3, 0, 0}, 0, 1, true},  // kubelet, kube-proxy and CNI agent on one API server
+		{[]int{1, 1, 1}, 0, 0, false}, // even
+		{[]int{2, 1, 1}, 0, 1, false}, // as even as whole connections get
+		{[]int{0, 4, 2}, 1, 0, true},  // the most loaded, wherever it is
+		{[]int{6, 6, 4, 7}, 3, 2, true},
 	}
 	for _, tt := range tests {
-		most, ok := skewed(tt.counts)
-		if ok != tt.ok || (ok && most != tt.most) {
-			t.Errorf("skewed(%v) = %d, %v; want %d, %v", tt.counts, most, ok, tt.most, tt.ok)
+		most, least, ok := skewed(tt.counts)
+		if ok != tt.ok || (ok && (most != tt.most || least != tt.least)) {
+			t.Errorf("skewed(%v) = %d, %d, %v; want %d, %d, %v", tt.counts, most, least, ok, tt.most, tt.least, tt.ok)
 		}
 	}
 }
 
 // rbPool is a test pool with the rebalancer on, every minute, and the
-// connections it tracks: quiet says which may close, and step plays the
-// proxy's handlers, moving each closed connection's client to the upstream
-// with the fewest connections, as a reconnect through the balancer would.
+// connections it tracks: quiet says which may close, and run plays the
+// proxy's handlers, reconnecting each closed connection's client to the
+// upstream the pool picks.
 type rbPool struct {
 	*testPool
 	t      *testing.T
@@ -46,10 +46,11 @@ type rbPool struct {
 	conns  []*proxyConn
 	closes []time.Time
 	order  []*proxyConn // the closed connections, in closing order
+	start  time.Time
 }
 
 func newRBPool(t *testing.T, cfg poolConfig, addrs ...string) *rbPool {
-	rb := &rbPool{t: t, noisy: map[*proxyConn]bool{}}
+	rb := &rbPool{t: t, noisy: map[*proxyConn]bool{}, start: time.Now()}
 	cfg.rebalance = time.Minute
 	cfg.quiet = func(pc *proxyConn, now time.Time, _ func() connLook) (bool, time.Time) {
 		rb.mu.Lock()
@@ -93,22 +94,9 @@ func (rb *rbPool) run(d time.Duration) {
 		rb.mu.Unlock()
 		for _, pc := range closed {
 			rb.detach(pc.owner, pc)
-			rb.attach(rb.fewest(), 1, false)
+			rb.attach(rb.pick(nil).addr, 1, false)
 		}
 	}
-}
-
-// fewest is the healthy upstream, not draining, with the fewest connections.
-func (rb *rbPool) fewest() string {
-	rb.pool.mu.Lock()
-	defer rb.pool.mu.Unlock()
-	best := ""
-	for addr, u := range rb.upstreams {
-		if u.h.state < upUnhealthy && (best == "" || len(u.conns) < len(rb.upstreams[best].conns)) {
-			best = addr
-		}
-	}
-	return best
 }
 
 func (rb *rbPool) counts(addrs ...string) []int {
@@ -166,6 +154,37 @@ func TestRebalanceSpreadsOldestFirst(t *testing.T) {
 		}
 		if got := strings.Count(rb.logs.String(), "closing a long-lived connection to rebalance"); got != 2 {
 			t.Errorf("rebalance log lines: got %d; want 2", got)
+		}
+	})
+}
+
+// TestRebalanceSteersTheReconnect: for rebalanceSteer after a rebalancing
+// close, new connections go to the upstream with the fewest long-lived
+// connections, so that the closed one's client moves there; a retry of a
+// failed dial, and every connection after the window, is picked at random.
+func TestRebalanceSteersTheReconnect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rb := newRBPool(t, defaultTestPool, rbA, rbB, rbC)
+		rb.attach(rbA, 3, false)
+		rb.attach(rbB, 2, false)
+		for len(rb.closes) == 0 && time.Since(rb.start) < 10*time.Minute {
+			rb.run(time.Second) // the reconnect goes where pick sends it
+		}
+		if len(rb.closes) != 1 {
+			t.Fatalf("no rebalancing close in 10 minutes")
+		}
+		if got := rb.counts(rbA, rbB, rbC); got[0] != 2 || got[1] != 2 || got[2] != 1 {
+			t.Errorf("connections after the close: got %v; want [2 2 1], the client moved to %s", got, rbC)
+		}
+		if got := picks(rb.pool, 100); got[rbC] != 100 {
+			t.Errorf("picks within %v of the close: %v; want %s only", rebalanceSteer, got, rbC)
+		}
+		if u := rb.pick([]*upstream{rb.upstream(rbC)}); u == nil || u.addr == rbC {
+			t.Errorf("a retry after a failed dial to %s picked %v; want another upstream", rbC, u)
+		}
+		time.Sleep(rebalanceSteer)
+		if got := picks(rb.pool, 300); got[rbA] < 50 || got[rbB] < 50 || got[rbC] < 50 {
+			t.Errorf("picks after the window: %v; want all three", got)
 		}
 	})
 }

@@ -25,10 +25,15 @@ type snapshot struct {
 	hedgeDelay time.Duration // how long a dial may take before a second one starts
 }
 
-// pick returns a pickable upstream that is not in tried, or nil: a random
-// one of the most preferred group that has an untried member.
+// pick returns a pickable upstream that is not in tried, or nil: the one a
+// rebalancing close steers to, else a random one of the most preferred
+// group that has an untried member.
 func (p *pool) pick(tried []*upstream) *upstream {
-	return pickFrom(p.snap.Load().groups, tried)
+	groups := p.snap.Load().groups
+	if u := p.steered(groups, tried); u != nil {
+		return u
+	}
+	return pickFrom(groups, tried)
 }
 
 // lastResort returns the most recently healthy non-draining upstream that is

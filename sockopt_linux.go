@@ -84,6 +84,15 @@ func tcpInfo(c net.Conn) *unix.TCPInfo {
 	return ti
 }
 
+// connRTT is the kernel's smoothed round-trip time of c's connection, at
+// least a microsecond; 0 if it has none (see tcpInfo).
+func connRTT(c net.Conn) time.Duration {
+	if ti := tcpInfo(c); ti != nil {
+		return max(time.Duration(ti.Rtt)*time.Microsecond, time.Microsecond)
+	}
+	return 0
+}
+
 // connBroken reports whether c's connection is over (see tcpInfo).
 func connBroken(c net.Conn) bool { return tcpInfo(c) == nil }
 

@@ -21,6 +21,7 @@ func setDeferAccept(syscall.RawConn, time.Duration) error { return nil }
 func setRcvBuf(syscall.RawConn, int) error                { return nil }
 func setNotsentLowat(syscall.RawConn, int) error          { return nil }
 func connBroken(net.Conn) bool                            { return true }
+func connRTT(net.Conn) time.Duration                      { return 0 }
 func queued(net.Conn) bool                                { return false }
 func stalledFor(net.Conn) time.Duration                   { return 0 }
 func quietFor(net.Conn) (time.Duration, bool, bool)       { return 0, false, false }

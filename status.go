@@ -82,7 +82,7 @@ type upstreamStatus struct {
 	FailStreak    int        `json:"fail_streak"`
 	Ready         *bool      `json:"ready,omitempty"` // readyz mode, after the first probe
 	ReadyPending  bool       `json:"ready_pending,omitempty"`
-	AwaitingProbe bool       `json:"awaiting_probe,omitempty"` // ready, but avoided after a failed connect
+	AwaitingProbe bool       `json:"awaiting_probe,omitempty"` // ready, but avoided after a failed probe or connect
 	RTTSeconds    *float64   `json:"rtt_seconds,omitempty"`
 	Tier          *int       `json:"tier,omitempty"` // latency mode
 	Connections   int        `json:"connections"`
@@ -460,7 +460,7 @@ func age(now time.Time, t *time.Time) string {
 }
 
 // stateWord is s's state, with the detail of a ready upstream avoided
-// after a failed connect.
+// after a failed probe or connect.
 func stateWord(s upstreamStatus) string {
 	if s.State == stateReady && s.AwaitingProbe {
 		return "ready-awaiting-probe"

@@ -130,6 +130,8 @@ type pool struct {
 	unusableSince time.Time
 
 	snap atomic.Pointer[snapshot]
+	// steer is set by the rebalancer's closes and read by pick.
+	steer atomic.Pointer[steer]
 }
 
 func newPool(log *slog.Logger, m *metrics, cfg poolConfig, check checkFunc, sel selector) *pool {
@@ -308,7 +310,7 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 	if u.h.state >= upDraining {
 		return false // checks stop while draining; the state holds until removal
 	}
-	if res.err == nil {
+	if res.err == nil && res.rtt > 0 { // a probe on the kept connection may have none
 		u.rtt, u.hasRTT = nextRTT(u.rtt, u.hasRTT, res.rtt), true
 	}
 	// A new sample may move tiers and the hedge delay: every success
@@ -351,11 +353,12 @@ func (p *pool) confirmLocked(u *upstream) {
 type state int
 
 const (
-	// upReady: readyz, its last probe passed, or one failed since: two in a
-	// row decide, as the spec's failure threshold does.
+	// upReady: readyz, its last probe passed. Two failed in a row make it
+	// not ready, as the spec's failure threshold does.
 	upReady state = iota
-	// upAwaitingProbe: ready, but a connect failed since its last probe (a
-	// deliberate difference, see health.failedConnect).
+	// upAwaitingProbe: ready, but its last probe failed or a connect
+	// failed since (deliberate differences, see health.probe and
+	// health.failedConnect).
 	upAwaitingProbe
 	upHealthy  // tcp: its connects pass
 	upPending  // readyz: reachable, and no probe passed since it was added or unreachable
@@ -489,8 +492,15 @@ func (h health) probe(res checkResult) health {
 	// The failure threshold, for a ready upstream; one that has not passed
 	// a probe since it was added or unreachable, or whose connect failed
 	// since its last probe, is not ready at its first failed probe.
-	if h.state != upReady || h.probeFails >= failThreshold {
+	switch {
+	case h.state != upReady || h.probeFails >= failThreshold:
 		h.state = upNotReady
+	default:
+		// Still ready, but the last choice among the ready (a deliberate
+		// difference): an API server fails /readyz seconds after it lost
+		// etcd, and the recheck that confirms it would otherwise take the
+		// requests that fail meanwhile.
+		h.state = upAwaitingProbe
 	}
 	return h
 }

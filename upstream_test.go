@@ -890,34 +890,44 @@ func TestReadinessStateMachine(t *testing.T) {
 	})
 }
 
-// TestReadyUpstreamAfterFailedConnect: an upstream whose connect failed
-// once keeps its readiness, but new connections avoid it while another
-// ready upstream has not failed since its probe, until its next probe
+// TestReadyUpstreamAfterOneFailure: an upstream whose probe or connect
+// failed once keeps its readiness, but new connections avoid it while
+// another ready upstream's last probe passed, until its next probe
 // passes. (Alone among the ready it still beats an unready one and other
 // upstreams' evictions go on: TestUnreadyUpstreamLosesConnectionsAfterDrainTimeout.)
-func TestReadyUpstreamAfterFailedConnect(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
-		tp := poolOf(t, readyzTestPool, a, b)
-		tp.checks.set(a, true) // the next check of a fails to connect
-		time.Sleep(20 * time.Second)
-		synctest.Wait()
-		if got := picks(tp.pool, 200); got[b] != 200 {
-			t.Errorf("a failed one connect: picks %v; want b only", got)
-		}
-		if got := readyWord(tp.describe(nil)[0]); got != "ready-awaiting-probe" {
-			t.Errorf("a's readiness in /upstreams after a failed connect: got %q; want ready-awaiting-probe", got)
-		}
-		tp.checks.set(a, false)
-		time.Sleep(20 * time.Second)
-		synctest.Wait()
-		if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
-			t.Errorf("a's next probe passed: picks %v; want both", got)
-		}
-		if got := readyWord(tp.describe(nil)[0]); got != "ready" {
-			t.Errorf("a's readiness in /upstreams after its probe passed: got %q; want ready", got)
-		}
-	})
+func TestReadyUpstreamAfterOneFailure(t *testing.T) {
+	const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
+	for _, fault := range []struct {
+		name string
+		set  func(c *fakeChecks, fail bool)
+	}{
+		{"a failed connect", func(c *fakeChecks, fail bool) { c.set(a, fail) }},
+		{"a failed probe", func(c *fakeChecks, fail bool) { c.setUnready(a, fail) }},
+	} {
+		t.Run(fault.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tp := poolOf(t, readyzTestPool, a, b)
+				fault.set(tp.checks, true) // a's next check fails
+				time.Sleep(20 * time.Second)
+				synctest.Wait()
+				if got := picks(tp.pool, 200); got[b] != 200 {
+					t.Errorf("after %s of a: picks %v; want b only", fault.name, got)
+				}
+				if got := readyWord(tp.describe(nil)[0]); got != "ready-awaiting-probe" || !tp.health(a).ready() {
+					t.Errorf("a in /upstreams after %s: got %q; want ready-awaiting-probe", fault.name, got)
+				}
+				fault.set(tp.checks, false)
+				time.Sleep(20 * time.Second)
+				synctest.Wait()
+				if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
+					t.Errorf("a's next probe passed: picks %v; want both", got)
+				}
+				if got := readyWord(tp.describe(nil)[0]); got != "ready" {
+					t.Errorf("a's readiness in /upstreams after its probe passed: got %q; want ready", got)
+				}
+			})
+		})
+	}
 }
 
 func TestReadinessFiltersBeforeLatencyTiers(t *testing.T) {
@@ -1317,9 +1327,9 @@ func TestHealthStep(t *testing.T) {
 	}{
 		{"a passing probe makes a new upstream ready", newHealth(rz), passed, rz, ready},
 		{"a passing probe clears the streak and a failed connect", health{state: upAwaitingProbe, probed: true, probeFails: 1}, passed, rz, ready},
-		{"one failed probe leaves a ready upstream ready, and starts the grace", ready, failed, rz,
-			health{state: upReady, probed: true, probeFails: 1, graceFrom: failed.start}},
-		{"the second failed probe in a row: not ready, the grace's start kept", health{state: upReady, probed: true, probeFails: 1, graceFrom: now}, failed, rz,
+		{"one failed probe leaves a ready upstream ready, the last choice, and starts the grace", ready, failed, rz,
+			health{state: upAwaitingProbe, probed: true, probeFails: 1, graceFrom: failed.start}},
+		{"the second failed probe in a row: not ready, the grace's start kept", health{state: upAwaitingProbe, probed: true, probeFails: 1, graceFrom: now}, failed, rz,
 			health{state: upNotReady, probed: true, probeFails: 2, graceFrom: now}},
 		{"a failed first probe: not ready at once", newHealth(rz), failed, rz,
 			health{state: upNotReady, probed: true, probeFails: 1, graceFrom: failed.start}},

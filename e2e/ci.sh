@@ -87,6 +87,12 @@ status=${PIPESTATUS[0]}
 set -e
 if [ -f "$artifacts/RESULTS.md" ]; then
 	cat "$artifacts/RESULTS.md"
+	# The failures once more, last, where a shortened log still shows them.
+	awk '/^[0-9]+\. \*\*/ { if (bad) printf "%s", row; row = ""; bad = 0; on = 1 }
+		/^## / && !/^## Rows/ { on = 0 }
+		on { row = row $0 "\n" }
+		on && /\*\*failed:\*\*|^[0-9]+\. \*\*.*: fail/ { bad = 1 }
+		END { if (bad) printf "%s", row }' "$artifacts/RESULTS.md"
 fi
 echo "e2e: finished in $(elapsed)s with status $status; full log $artifacts/go-test.log"
 exit "$status"
