@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -266,4 +267,31 @@ func TestReadyzPoolForgetsKeptConnection(t *testing.T) {
 	}
 	pl.close()
 	waitFor(t, "the kept connection closed at the pool's close", func() bool { return open(a) == 0 })
+}
+
+// An upstream whose kept connection still answers while new connects fail
+// (its listener gone, its accept queue full): a failed client dial makes
+// the check it asks for connect afresh, so two failures exclude it, as
+// with a TCP check, rather than the kept connection's answer undoing each.
+func TestReadyzFailedDialConnectsAfresh(t *testing.T) {
+	pki := rzNewPKI(t)
+	a, b := kpStart(t, pki), kpStart(t, pki)
+	p := pki.probe()
+	pl := newPool(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()),
+		poolConfig{interval: time.Minute, timeout: 2 * time.Second, drainTimeout: time.Second, readyz: true, forget: p.forget},
+		p.check, randomSelector{})
+	defer pl.close()
+	pl.update([]string{a.addr, b.addr})
+	state := func() health {
+		pl.mu.Lock()
+		defer pl.mu.Unlock()
+		return pl.upstreams[a.addr].h
+	}
+	waitFor(t, "a ready", func() bool { return state().state == upReady })
+	_ = a.srv.Listener.Close() // the kept connection is served on
+	pl.mu.Lock()
+	u := pl.upstreams[a.addr]
+	pl.mu.Unlock()
+	pl.reportDial(u, syscall.ECONNREFUSED)
+	waitFor(t, "a unhealthy after a failed dial and the check it asked for", func() bool { return !state().healthy() })
 }

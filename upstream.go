@@ -86,8 +86,9 @@ type poolConfig struct {
 	// sweep: see sweep.go. readyz: readiness is part of selection, and
 	// checks return probe results.
 	sweep, readyz bool
-	// forget, if set, is told of an upstream whose probe loop ended, so a
-	// check that keeps a connection per upstream closes it.
+	// forget, if set, is told of an upstream whose probe loop ended or
+	// whose client dial failed, so a check that keeps a connection per
+	// upstream closes it and the next check connects afresh.
 	forget func(addr string)
 	// closeSpread: the last part of a drain's or an eviction's grace over
 	// which the upstream's connections close (see spread.go); 0 closes
@@ -330,6 +331,11 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 // down every client dials it as a last resort, and its checks must not
 // follow the clients' retry rate.
 func (p *pool) reportDial(u *upstream, err error) {
+	if p.cfg.forget != nil {
+		// A kept readyz connection that answers says nothing of new
+		// connects, which just failed: the check asked for connects afresh.
+		p.cfg.forget(u.addr)
+	}
 	p.mu.Lock()
 	defer p.unlock()
 	if u.h.state < upDraining && p.applyLocked(u, checkResult{err: err}) {
