@@ -245,18 +245,26 @@ func TestKeptTransportUsable(t *testing.T) {
 	}
 }
 
+// kpPool is a readyz pool, closed at the test's end, of two fake API
+// servers, probed every minute with the kept connection.
+func kpPool(t *testing.T) (pl *pool, a, b *kpServer) {
+	t.Helper()
+	pki := rzNewPKI(t)
+	a, b = kpStart(t, pki), kpStart(t, pki)
+	p := pki.probe()
+	pl = newPool(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()),
+		poolConfig{interval: time.Minute, timeout: 2 * time.Second, drainTimeout: time.Second, readyz: true, forget: p.forget},
+		p.check, randomSelector{})
+	t.Cleanup(pl.close)
+	pl.update([]string{a.addr, b.addr})
+	return pl, a, b
+}
+
 // An upstream removed from the list, and every upstream at the pool's
 // close, leaves no kept connection open: its probe loop forgets it.
 func TestReadyzPoolForgetsKeptConnection(t *testing.T) {
-	pki := rzNewPKI(t)
-	a, b := kpStart(t, pki), kpStart(t, pki)
-	p := pki.probe()
-	pl := newPool(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()),
-		poolConfig{interval: time.Minute, timeout: 2 * time.Second, drainTimeout: time.Second, readyz: true, forget: p.forget},
-		p.check, randomSelector{})
-	defer pl.close()
+	pl, a, b := kpPool(t)
 	open := func(s *kpServer) int32 { return s.accepted.Load() - s.closed.Load() }
-	pl.update([]string{a.addr, b.addr})
 	waitFor(t, "both upstreams probed, each connection kept", func() bool {
 		return a.reqs.Load() == 1 && b.reqs.Load() == 1 && open(a) == 1 && open(b) == 1
 	})
@@ -274,14 +282,7 @@ func TestReadyzPoolForgetsKeptConnection(t *testing.T) {
 // the check it asks for connect afresh, so two failures exclude it, as
 // with a TCP check, rather than the kept connection's answer undoing each.
 func TestReadyzFailedDialConnectsAfresh(t *testing.T) {
-	pki := rzNewPKI(t)
-	a, b := kpStart(t, pki), kpStart(t, pki)
-	p := pki.probe()
-	pl := newPool(slog.New(slog.DiscardHandler), newMetrics(prometheus.NewRegistry()),
-		poolConfig{interval: time.Minute, timeout: 2 * time.Second, drainTimeout: time.Second, readyz: true, forget: p.forget},
-		p.check, randomSelector{})
-	defer pl.close()
-	pl.update([]string{a.addr, b.addr})
+	pl, a, _ := kpPool(t)
 	state := func() health {
 		pl.mu.Lock()
 		defer pl.mu.Unlock()
