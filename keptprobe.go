@@ -8,10 +8,11 @@ package main
 // as a failed handshake on the API server.
 //
 // While the kept connection answers, within the first half of the probe's
-// time, its answer is the check. A kept connection that is missing, broken
-// or silent gives way to a fresh connect and handshake in the time left,
-// so a black hole, a restart or a refused connect is seen as by the TCP
-// check: the connect fails.
+// time, its answer is the check. A missing or broken one gives way to a
+// fresh connect and handshake in the time left; a silent one fails the
+// probe, and a fresh connect in the time left checks the upstream is
+// reachable. So a black hole, a restart or a refused connect is seen as by
+// the TCP check: the connect fails.
 //
 // Each upstream has its own http.Transport, which keeps the connection
 // alive between probes, drops it when the upstream closes it or asks to,
@@ -51,9 +52,14 @@ type keptTransport struct {
 }
 
 // checkKept probes addr over its kept connection alone, within the first
-// half of ctx's time, and reports whether that connection answered, 200
-// or not. The round-trip time is the kernel's estimate for the connection
-// (none outside Linux).
+// half of ctx's time, and reports whether that settled the check: the
+// connection answered, 200 or not, or it did not answer in time. A silent
+// one fails the probe, as a fresh connection's silence always did, and a
+// fresh connect in the time left tells a silent upstream from an
+// unreachable one; asking /readyz again there would let an API server
+// losing etcd, whose answers hang or pass by turns, pass. The round-trip
+// time is the kernel's estimate for the kept connection (none outside
+// Linux).
 func (r *readyzProbe) checkKept(ctx context.Context, addr string, cfg *tls.Config, sum [sha256.Size]byte) (checkResult, bool) {
 	dl, ok := ctx.Deadline()
 	if !ok {
@@ -62,20 +68,32 @@ func (r *readyzProbe) checkKept(ctx context.Context, addr string, cfg *tls.Confi
 	kctx, cancel := context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
 	defer cancel()
 	err := r.probe(kctx, addr, nil, cfg, sum)
-	if err != nil && !errors.Is(err, errNotReady) {
-		return checkResult{}, false
+	switch {
+	case errors.Is(kctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
+		res := tcpCheck(ctx, addr)
+		if res.err == nil {
+			res.probed, res.notReady = true, fmt.Errorf("readyz: %w", kctx.Err())
+		}
+		return res, true
+	case err != nil && !errors.Is(err, errNotReady):
+		return checkResult{}, false // no kept connection, or a broken one
 	}
-	res := checkResult{probed: true, notReady: err}
+	return checkResult{rtt: r.keptRTT(addr), probed: true, notReady: err}, true
+}
+
+// keptRTT is the kernel's round-trip time of addr's kept connection, 0 if
+// it has none.
+func (r *readyzProbe) keptRTT(addr string) time.Duration {
 	r.mu.Lock()
 	kt := r.kept[addr]
 	r.mu.Unlock()
 	if kt == nil { // forgotten meanwhile: the probe loop ends
-		return res, true
+		return 0
 	}
 	if c := kt.last.Load(); c != nil {
-		res.rtt = connRTT(*c)
+		return connRTT(*c)
 	}
-	return res, true
+	return 0
 }
 
 // usable says whether kt's connections may carry a probe with the

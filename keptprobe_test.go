@@ -139,49 +139,49 @@ func TestReadyzProbeRedialsClosedConnection(t *testing.T) {
 	}
 }
 
-// An upstream that hangs on the kept connection gets a fresh connection
-// at half the probe's time, and fails the probe at its deadline when that
-// hangs too; the next probe makes a new connection.
+// An upstream that hangs on the kept connection fails the probe at half
+// its time, as a hung answer always failed it: a fresh connect in the time
+// left finds it reachable (no handshake, no second request, which an API
+// server losing etcd might pass), and the next probe makes a new
+// connection.
 func TestReadyzProbeHungKeptConnection(t *testing.T) {
 	pki := rzNewPKI(t)
 	s := kpStart(t, pki)
 	p := pki.probe()
 	res, _ := rzCheck(p, s.addr, 2*time.Second)
 	rzWantReady(t, res)
-	s.hang.Store(true)
-	const timeout = 300 * time.Millisecond
+	s.hangNext.Store(true) // the next request only
+	const timeout = 400 * time.Millisecond
 	res, elapsed := rzCheck(p, s.addr, timeout)
 	rzWantFailedProbe(t, res)
-	if !errors.Is(res.notReady, context.DeadlineExceeded) || elapsed > timeout+200*time.Millisecond {
-		t.Errorf("hung kept connection: got %v after %v; want the deadline within %v", res.notReady, elapsed, timeout)
+	if !errors.Is(res.notReady, context.DeadlineExceeded) || elapsed < timeout/2 || elapsed > timeout {
+		t.Errorf("hung kept connection: got %v after %v; want the deadline after %v, within %v", res.notReady, elapsed, timeout/2, timeout)
 	}
-	kpCounts(t, s, 2, 3) // the kept connection's request, then a fresh one's
-	s.hang.Store(false)
+	if res.rtt <= 0 {
+		t.Errorf("hung kept connection: no connect time; want the fresh connect's")
+	}
+	kpCounts(t, s, 1, 2)
+	waitFor(t, "the server to accept the fresh connect", func() bool { return s.accepted.Load() == 2 })
 	res, _ = rzCheck(p, s.addr, 2*time.Second)
 	rzWantReady(t, res)
-	kpCounts(t, s, 3, 4)
+	kpCounts(t, s, 2, 3)
 }
 
-// A kept connection that hangs while a fresh one answers (a stuck HTTP/1
-// connection, an upstream restarted behind the same address): the probe
-// passes on the fresh connection within its deadline, and that becomes
-// the kept one.
-func TestReadyzProbeFallsBackToFreshConnection(t *testing.T) {
+// A kept connection that hangs while the upstream cannot be reached
+// (a black hole): the probe's fresh connect fails, so the check fails as
+// a TCP check would, not as a failed probe.
+func TestReadyzProbeHungKeptConnectionUnreachable(t *testing.T) {
 	pki := rzNewPKI(t)
 	s := kpStart(t, pki)
 	p := pki.probe()
 	res, _ := rzCheck(p, s.addr, 2*time.Second)
 	rzWantReady(t, res)
-	s.hangNext.Store(true) // the next request only
-	res, elapsed := rzCheck(p, s.addr, 400*time.Millisecond)
-	rzWantReady(t, res)
-	if elapsed < 200*time.Millisecond || elapsed > 400*time.Millisecond {
-		t.Errorf("fallback after %v; want after half the probe's time, within it", elapsed)
+	s.hang.Store(true)
+	_ = s.srv.Listener.Close() // new connects are refused; the kept one hangs
+	res, _ = rzCheck(p, s.addr, 400*time.Millisecond)
+	if res.err == nil {
+		t.Errorf("hung kept connection, connect refused: got %+v; want a failed connect", res)
 	}
-	kpCounts(t, s, 2, 3)
-	res, _ = rzCheck(p, s.addr, 2*time.Second)
-	rzWantReady(t, res)
-	kpCounts(t, s, 2, 4)
 }
 
 // A rotated client certificate is presented at the next probe: a kept
