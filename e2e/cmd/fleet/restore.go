@@ -170,7 +170,7 @@ func fleetRebalanceCloses(o options) (int, error) {
 }
 
 func reportRestores(o options, all []restoreSeries) {
-	fmt.Printf("fault: SIGKILL to one of 3 API servers, restarted %s later; %d daemons, %d watchers each, readyz every %s\n",
+	fmt.Printf("fault: SIGKILL to one of 3 API servers, restarted %s later; %d daemons, %d watchers each (and its discovery watch), readyz every %s\n",
 		o.drain+4*o.interval+5*time.Second, o.nodes, o.watchers, o.interval)
 	fmt.Println("share of the fleet's long-lived connections on the restored API server (a third is even):")
 	fmt.Println()
