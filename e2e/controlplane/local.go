@@ -40,6 +40,7 @@ type LocalOptions struct {
 	Binaries           Binaries // defaults to DefaultBinaries()
 	ExtraAPIServerArgs []string
 	StartTimeout       time.Duration // defaults to 90 s
+	Keys               pki.Keys      // of every certificate; defaults to ECDSA
 }
 
 // StartLocal starts etcd and kube-apiserver on free loopback ports and
@@ -72,7 +73,7 @@ func StartLocal(ctx context.Context, o LocalOptions) (*Local, error) {
 			l.Stop()
 		}
 	}()
-	ca, err := pki.NewCA(filepath.Join(o.Dir, "pki"))
+	ca, err := pki.NewCAKeys(filepath.Join(o.Dir, "pki"), o.Keys)
 	if err != nil {
 		return nil, err
 	}

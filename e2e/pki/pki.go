@@ -10,6 +10,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -35,6 +36,28 @@ type CA struct {
 	CertPEM []byte
 	cert    *x509.Certificate
 	key     crypto.Signer
+	keys    Keys
+}
+
+// Keys is the kind of key pair a CA has and gives the certificates it
+// issues: ECDSA P-256 (the zero value) or RSA-2048, kubeadm's default,
+// whose signatures cost a TLS server several times more CPU.
+type Keys string
+
+const (
+	ECDSA Keys = "ecdsa"
+	RSA   Keys = "rsa"
+)
+
+// generate makes a key pair of kind k.
+func (k Keys) generate() (crypto.Signer, error) {
+	switch k {
+	case "", ECDSA:
+		return ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	case RSA:
+		return rsa.GenerateKey(rand.Reader, 2048)
+	}
+	return nil, fmt.Errorf("keys %q: want %q or %q", k, ECDSA, RSA)
 }
 
 // Pair names the files of one certificate and its key.
@@ -42,12 +65,17 @@ type Pair struct {
 	Cert, Key string
 }
 
-// NewCA creates a CA and writes it to dir/ca.crt and dir/ca.key.
-func NewCA(dir string) (*CA, error) {
+// NewCA creates a CA with ECDSA keys and writes it to dir/ca.crt and
+// dir/ca.key.
+func NewCA(dir string) (*CA, error) { return NewCAKeys(dir, ECDSA) }
+
+// NewCAKeys is NewCA with keys of the given kind, for the CA and every
+// certificate it issues.
+func NewCAKeys(dir string, keys Keys) (*CA, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := keys.generate()
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +96,7 @@ func NewCA(dir string) (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	ca := &CA{Dir: dir, cert: cert, key: key, CertPEM: pemBlock("CERTIFICATE", der)}
+	ca := &CA{Dir: dir, cert: cert, key: key, keys: keys, CertPEM: pemBlock("CERTIFICATE", der)}
 	if err := os.WriteFile(ca.CertFile(), ca.CertPEM, 0o644); err != nil {
 		return nil, err
 	}
@@ -138,7 +166,7 @@ func (ca *CA) issue(name string, tmpl *x509.Certificate) (Pair, error) {
 
 // sign signs tmpl, valid until notAfter, for a new key pair.
 func (ca *CA) sign(name string, tmpl *x509.Certificate, notAfter time.Time) ([]byte, crypto.Signer, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := ca.keys.generate()
 	if err != nil {
 		return nil, nil, err
 	}

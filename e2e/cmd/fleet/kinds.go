@@ -136,6 +136,7 @@ type kindResult struct {
 	kind            string
 	probes, failed  int
 	apiCPU, idleCPU time.Duration
+	handshakeErrors int // the API server's count over the measured window
 }
 
 // measureKinds runs each kind at rate probes per second for o.duration on
@@ -160,23 +161,26 @@ func measureKinds(ctx context.Context, o options, kinds []string, rate int) ([]k
 		if err != nil {
 			return rs, err
 		}
-		r := kindResult{kind: kind}
-		idle0 := cpuTime(l.APIServerPid())
-		time.Sleep(o.duration)
-		r.idleCPU = cpuTime(l.APIServerPid()) - idle0
-		cpu0 := cpuTime(l.APIServerPid())
-		profiled := make(chan error, 1)
-		go func() { profiled <- profile(o, kind, l) }()
-		r.probes, r.failed = runKind(ctx, k, f, rate, o.duration)
-		r.apiCPU = cpuTime(l.APIServerPid()) - cpu0
-		if err := <-profiled; err != nil {
-			return rs, err
-		}
+		r, err := measureKind(ctx, o, l, kind, k, f, rate)
 		k.kept.CloseIdleConnections()
 		k.keptAnon.CloseIdleConnections()
+		if err != nil {
+			return rs, err
+		}
 		rs = append(rs, r)
 	}
 	return rs, nil
+}
+
+// measureKind runs one kind, after an idle window of the same length.
+func measureKind(ctx context.Context, o options, l *controlplane.Local, kind string, k *kindProber, f func(*kindProber) error, rate int) (kindResult, error) {
+	r := kindResult{kind: kind}
+	idle0 := cpuTime(l.APIServerPid())
+	time.Sleep(o.duration)
+	r.idleCPU = cpuTime(l.APIServerPid()) - idle0
+	cpu, counts, err := window(o, kind, l, func() { r.probes, r.failed = runKind(ctx, k, f, rate, o.duration) })
+	r.apiCPU, r.handshakeErrors = cpu, counts.handshakeErrors
+	return r, err
 }
 
 // runKind starts rate probes a second for d, each in its own goroutine,
@@ -200,15 +204,15 @@ func runKind(ctx context.Context, k *kindProber, f func(*kindProber) error, rate
 }
 
 func reportKinds(o options, rate int, rs []kindResult) {
-	fmt.Printf("probe kinds: %d probes/s for %s each, one kube-apiserver, client certificate\n\n", rate, o.duration)
-	fmt.Println("| kind | probes | failed | API server CPU ms per probe (idle subtracted) |")
-	fmt.Println("|---|---|---|---|")
+	fmt.Printf("probe kinds: %d probes/s for %s each, one kube-apiserver, client certificate, %s keys\n\n", rate, o.duration, o.keys)
+	fmt.Println("| kind | probes | failed | API server CPU ms per probe (idle subtracted) | TLS handshake errors |")
+	fmt.Println("|---|---|---|---|---|")
 	for _, r := range rs {
 		per := 0.0
 		if r.probes > 0 {
 			per = float64((r.apiCPU - r.idleCPU).Microseconds()) / 1000 / float64(r.probes)
 		}
-		fmt.Printf("| %s | %d | %d | %.3f |\n", r.kind, r.probes, r.failed, per)
+		fmt.Printf("| %s | %d | %d | %.3f | %d |\n", r.kind, r.probes, r.failed, per, r.handshakeErrors)
 	}
 }
 

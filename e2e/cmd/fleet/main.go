@@ -2,14 +2,17 @@
 // real kube-apiserver: it starts etcd and kube-apiserver on 127.0.0.1, then
 // for each daemon binary given, -nodes daemons probing it with readyz (a
 // client certificate, as the kubelet's), and reports the API server's CPU
-// seconds per 1,000 probes, probes per second, and the peak of new
-// connections per 100 ms against the mean (the lockstep a fleet started
-// together probes in). A probe is counted as a TCP connection the host
-// accepted (Tcp PassiveOpens in /proc/net/snmp): every probe connects
-// afresh, and nothing else connects meanwhile. Every daemon runs discovery
-// too (an admin kubeconfig), so its start-up list is one of the fleet's
-// lists; the API server's metrics then say where those lists were served
-// from: the watch cache or etcd.
+// seconds per 1,000 probes, probes per second, the TLS handshakes it
+// counted as failed, and the peak of new connections per 100 ms against
+// the mean (the lockstep a fleet started together probes in). A probe is
+// counted as the API server counts GET /readyz
+// (apiserver_request_total{subresource="/readyz"}): whether a probe
+// connects afresh or goes over a kept connection, it asks /readyz once,
+// and nothing else asks it meanwhile. Every daemon runs discovery too (an
+// admin kubeconfig), so its start-up list is one of the fleet's lists; the
+// API server's metrics then say where those lists were served from: the
+// watch cache or etcd. -pki rsa gives every certificate an RSA-2048 key,
+// as kubeadm does, instead of ECDSA P-256.
 //
 //	go run ./cmd/fleet -daemon before=/tmp/ep-old -daemon after=/tmp/ep-new
 package main
@@ -30,6 +33,7 @@ import (
 	"time"
 
 	"github.com/extractedprism/extractedprism/e2e/controlplane"
+	"github.com/extractedprism/extractedprism/e2e/harness"
 	"github.com/extractedprism/extractedprism/e2e/pki"
 	"github.com/extractedprism/extractedprism/e2e/proc"
 )
@@ -52,21 +56,26 @@ type options struct {
 	periods            string // with -fault restore: the --rebalance-period values to compare
 	observe            time.Duration
 	observeStep        time.Duration
+	keys               string // the certificates' keys: ecdsa or rsa
 }
 
 // result is one daemon binary's figures.
 type result struct {
 	name                 string
-	probes               int
 	apiCPU, idleCPU      time.Duration // over the measured window, and the same window idle
 	peak100ms, mean100ms float64
-	lists                listFigures
+	counts               apiCounts // over the measured window (lists: from before the fleet started)
 }
 
-// listFigures are the API server's counts of EndpointSlice lists: served
-// from the watch cache, read from etcd, and the etcd requests for the
-// current revision a consistent list from the cache makes.
-type listFigures struct{ cache, etcd, currentRV int }
+// apiCounts are counters of the API server: GET /readyz requests, TLS
+// handshakes it counted as failed, and EndpointSlice lists: served from
+// the watch cache, read from etcd, and the etcd requests for the current
+// revision a consistent list from the cache makes.
+type apiCounts struct{ readyz, handshakeErrors, cache, etcd, currentRV int }
+
+func (a apiCounts) minus(b apiCounts) apiCounts {
+	return apiCounts{a.readyz - b.readyz, a.handshakeErrors - b.handshakeErrors, a.cache - b.cache, a.etcd - b.etcd, a.currentRV - b.currentRV}
+}
 
 func main() {
 	var o options
@@ -83,6 +92,7 @@ func main() {
 	flag.StringVar(&o.periods, "rebalance-periods", "0,1m", "with -fault restore: the daemons' --rebalance-period values to compare, comma-separated")
 	flag.DurationVar(&o.observe, "observe", 8*time.Minute, "with -fault restore: how long to follow the restored API server's share")
 	flag.DurationVar(&o.observeStep, "observe-step", 30*time.Second, "with -fault restore: how often to count it")
+	flag.StringVar(&o.keys, "pki", "ecdsa", "the keys of the CA and every certificate: ecdsa (P-256) or rsa (2048 bits)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -145,7 +155,7 @@ func measure(ctx context.Context, o options, name, binary string) (result, error
 		return result{}, err
 	}
 	r := result{name: name}
-	lists0, err := readLists(l)
+	start, err := readCounts(l)
 	if err != nil {
 		return r, err
 	}
@@ -159,20 +169,16 @@ func measure(ctx context.Context, o options, name, binary string) (result, error
 		return r, err
 	}
 	time.Sleep(2 * o.interval) // every daemon past its first checks
-	cpu0, opens0 := cpuTime(l.APIServerPid()), passiveOpens()
-	profiled := make(chan error, 1)
-	go func() { profiled <- profile(o, name, l) }()
-	r.peak100ms, r.mean100ms = sampleOpens(ctx, o.duration)
-	r.apiCPU = cpuTime(l.APIServerPid()) - cpu0
-	r.probes = passiveOpens() - opens0
-	if err := <-profiled; err != nil {
-		return r, err
-	}
-	lists1, err := readLists(l)
+	r.apiCPU, r.counts, err = window(o, name, l, func() { r.peak100ms, r.mean100ms = sampleOpens(ctx, o.duration) })
 	if err != nil {
 		return r, err
 	}
-	r.lists = listFigures{lists1.cache - lists0.cache, lists1.etcd - lists0.etcd, lists1.currentRV - lists0.currentRV}
+	end, err := readCounts(l)
+	if err != nil {
+		return r, err
+	}
+	lists := end.minus(start) // with every daemon's start-up list
+	r.counts.cache, r.counts.etcd, r.counts.currentRV = lists.cache, lists.etcd, lists.currentRV
 	for _, d := range daemons {
 		if exited, err := d.Exited(); exited {
 			return r, fmt.Errorf("a daemon exited (%v): %s", err, d.Tail(1000))
@@ -182,7 +188,7 @@ func measure(ctx context.Context, o options, name, binary string) (result, error
 }
 
 func localOptions(o options) controlplane.LocalOptions {
-	var lo controlplane.LocalOptions
+	lo := controlplane.LocalOptions{Keys: pki.Keys(o.keys)}
 	if o.profile != "" {
 		lo.ExtraAPIServerArgs = []string{"--profiling=true"} // the last of a flag wins
 	}
@@ -214,6 +220,25 @@ func stopFleet(ps []*proc.Process) {
 	for _, p := range ps {
 		_ = p.Stop(10 * time.Second)
 	}
+}
+
+// window runs fn, the measured window, and returns the API server's CPU
+// time and the change of its counters over it.
+func window(o options, name string, l *controlplane.Local, fn func()) (time.Duration, apiCounts, error) {
+	before, err := readCounts(l)
+	if err != nil {
+		return 0, apiCounts{}, err
+	}
+	cpu0 := cpuTime(l.APIServerPid())
+	profiled := make(chan error, 1)
+	go func() { profiled <- profile(o, name, l) }()
+	fn()
+	cpu := cpuTime(l.APIServerPid()) - cpu0
+	if err := <-profiled; err != nil {
+		return cpu, apiCounts{}, err
+	}
+	after, err := readCounts(l)
+	return cpu, after.minus(before), err
 }
 
 // profile fetches the API server's CPU profile over the measured window
@@ -248,33 +273,20 @@ func adminGet(l *controlplane.Local, path string, timeout time.Duration) ([]byte
 	return io.ReadAll(resp.Body)
 }
 
-// readLists reads the EndpointSlice list counters from the API server's
-// metrics.
-func readLists(l *controlplane.Local) (listFigures, error) {
+// readCounts reads apiCounts from the API server's metrics.
+func readCounts(l *controlplane.Local) (apiCounts, error) {
 	body, err := adminGet(l, "/metrics", 10*time.Second)
 	if err != nil {
-		return listFigures{}, err
+		return apiCounts{}, err
 	}
-	var f listFigures
-	for line := range strings.SplitSeq(string(body), "\n") {
-		if !strings.Contains(line, `resource="endpointslices"`) {
-			continue
-		}
-		switch {
-		case strings.HasPrefix(line, "apiserver_storage_list_total{") && strings.Contains(line, `storage="watchcache"`):
-			f.cache += counterValue(line)
-		case strings.HasPrefix(line, "apiserver_storage_list_total{"):
-			f.etcd += counterValue(line)
-		case strings.HasPrefix(line, "etcd_request_duration_seconds_count{") && strings.Contains(line, `operation="getCurrentResourceVersion"`):
-			f.currentRV += counterValue(line)
-		}
-	}
-	return f, nil
-}
-
-func counterValue(line string) int {
-	v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-	return int(v)
+	m := harness.ParseMetrics(string(body))
+	return apiCounts{
+		readyz:          int(m.Sum("apiserver_request_total", "subresource", "/readyz")),
+		handshakeErrors: int(m.Value("apiserver_tls_handshake_errors_total")),
+		cache:           int(m.Sum("apiserver_storage_list_total", "resource", "endpointslices", "storage", "watchcache")),
+		etcd:            int(m.Sum("apiserver_storage_list_total", "resource", "endpointslices", "storage", "etcd")),
+		currentRV:       int(m.Sum("etcd_request_duration_seconds_count", "resource", "endpointslices", "operation", "getCurrentResourceVersion")),
+	}, nil
 }
 
 // sampleOpens counts accepted connections per 100 ms over d and returns
@@ -348,26 +360,27 @@ func passiveOpens() int {
 }
 
 func report(o options, rs []result) {
-	fmt.Printf("fleet: %d daemons, readyz every %s (client certificate), %s measured per binary, one kube-apiserver\n\n", o.nodes, o.interval, o.duration)
-	fmt.Println("| daemon | probes | probes/s | API server CPU s per 1,000 probes (idle subtracted) | new connections per 100 ms, peak / mean |")
-	fmt.Println("|---|---|---|---|---|")
+	fmt.Printf("fleet: %d daemons, readyz every %s (client certificate, %s keys), %s measured per binary, one kube-apiserver\n\n", o.nodes, o.interval, o.keys, o.duration)
+	fmt.Println("| daemon | probes (GET /readyz) | probes/s | API server CPU ms per probe (idle subtracted) | TLS handshake errors | new connections per 100 ms, peak / mean |")
+	fmt.Println("|---|---|---|---|---|---|")
 	for _, r := range rs {
-		per := 0.0
-		if r.probes > 0 {
-			per = (r.apiCPU - r.idleCPU).Seconds() * 1000 / float64(r.probes)
-		}
-		fmt.Printf("| %s | %d | %.1f | %.3f | %.0f / %.1f |\n", r.name, r.probes, float64(r.probes)/o.duration.Seconds(), per, r.peak100ms, r.mean100ms)
+		fmt.Printf("| %s | %d | %.1f | %.3f | %d | %.0f / %.1f |\n", r.name, r.counts.readyz, float64(r.counts.readyz)/o.duration.Seconds(),
+			perProbe(r), r.counts.handshakeErrors, r.peak100ms, r.mean100ms)
 	}
 	fmt.Println("\n| daemon | EndpointSlice lists from the watch cache | from etcd | etcd requests for the current revision |")
 	fmt.Println("|---|---|---|---|")
 	for _, r := range rs {
-		fmt.Printf("| %s | %d | %d | %d |\n", r.name, r.lists.cache, r.lists.etcd, r.lists.currentRV)
+		fmt.Printf("| %s | %d | %d | %d |\n", r.name, r.counts.cache, r.counts.etcd, r.counts.currentRV)
 	}
-	if len(rs) == 2 && rs[1].probes > 0 && rs[0].probes > 0 {
-		a := (rs[0].apiCPU - rs[0].idleCPU).Seconds() / float64(rs[0].probes)
-		b := (rs[1].apiCPU - rs[1].idleCPU).Seconds() / float64(rs[1].probes)
-		if b > 0 {
-			fmt.Printf("\n%s costs the API server %.1f times less per probe than %s\n", rs[1].name, a/b, rs[0].name)
-		}
+	if len(rs) == 2 && perProbe(rs[1]) > 0 {
+		fmt.Printf("\n%s costs the API server %.1f times less per probe than %s\n", rs[1].name, perProbe(rs[0])/perProbe(rs[1]), rs[0].name)
 	}
+}
+
+// perProbe is the API server's CPU milliseconds per probe, idle subtracted.
+func perProbe(r result) float64 {
+	if r.counts.readyz == 0 {
+		return 0
+	}
+	return float64((r.apiCPU - r.idleCPU).Microseconds()) / 1000 / float64(r.counts.readyz)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -28,6 +29,7 @@ type restoreSeries struct {
 	label  string
 	after  []time.Duration // since the restore
 	share  []float64       // on the restored server, of the fleet's long-lived connections
+	on     int             // long-lived connections on the restored server at the end: moved there
 	closes int             // rebalancing closes over the fleet, at the end
 	failed int             // watcher dials that failed after the restore
 }
@@ -89,12 +91,13 @@ func runRestore(ctx context.Context, o options, env faultEnv, rs *restoreSeries)
 	d.mu.Unlock()
 	for k := time.Duration(0); k*o.observeStep <= o.observe && ctx.Err() == nil; k++ {
 		time.Sleep(time.Until(restored.Add(k * o.observeStep)))
-		share, err := fleetShare(o, victim.addr)
+		on, all, err := fleetShare(o, victim.addr)
 		if err != nil {
 			return err
 		}
 		rs.after = append(rs.after, k*o.observeStep)
-		rs.share = append(rs.share, share)
+		rs.share = append(rs.share, float64(on)/float64(max(all, 1)))
+		rs.on = on
 	}
 	rs.closes, err = fleetRebalanceCloses(o)
 	d.mu.Lock()
@@ -118,14 +121,12 @@ func healthGet(i int, path string) (*http.Response, error) {
 	return resp, nil
 }
 
-// fleetShare is the share of the fleet's long-lived connections that are
-// on addr.
-func fleetShare(o options, addr string) (float64, error) {
-	var on, all int
+// fleetShare counts the fleet's long-lived connections: on addr, and all.
+func fleetShare(o options, addr string) (on, all int, err error) {
 	for i := range o.nodes {
 		resp, err := healthGet(i, "/upstreams")
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		var doc struct {
 			Upstreams []struct {
@@ -136,7 +137,7 @@ func fleetShare(o options, addr string) (float64, error) {
 		err = json.NewDecoder(resp.Body).Decode(&doc)
 		resp.Body.Close()
 		if err != nil {
-			return 0, fmt.Errorf("daemon %d /upstreams: %w", i, err)
+			return 0, 0, fmt.Errorf("daemon %d /upstreams: %w", i, err)
 		}
 		for _, u := range doc.Upstreams {
 			all += u.LongLived
@@ -145,10 +146,7 @@ func fleetShare(o options, addr string) (float64, error) {
 			}
 		}
 	}
-	if all == 0 {
-		return 0, nil
-	}
-	return float64(on) / float64(all), nil
+	return on, all, nil
 }
 
 // fleetRebalanceCloses adds up the fleet's rebalancing closes from each
@@ -172,7 +170,7 @@ func fleetRebalanceCloses(o options) (int, error) {
 }
 
 func reportRestores(o options, all []restoreSeries) {
-	fmt.Printf("fault: SIGKILL to one of 3 API servers, restarted %s later; %d daemons, %d watchers each, readyz every %s\n",
+	fmt.Printf("fault: SIGKILL to one of 3 API servers, restarted %s later; %d daemons, %d watchers each (and its discovery watch), readyz every %s\n",
 		o.drain+4*o.interval+5*time.Second, o.nodes, o.watchers, o.interval)
 	fmt.Println("share of the fleet's long-lived connections on the restored API server (a third is even):")
 	fmt.Println()
@@ -196,6 +194,18 @@ func reportRestores(o options, all []restoreSeries) {
 	}
 	fmt.Println()
 	for _, rs := range all {
-		fmt.Printf("%s: %d rebalancing closes, %d failed watcher dials after the restore\n", rs.label, rs.closes, rs.failed)
+		fmt.Printf("%s: %d rebalancing closes, %d connections moved to the restored API server (%.2f closes per move), within 3 points of a third from %s, %d failed watcher dials after the restore\n",
+			rs.label, rs.closes, rs.on, float64(rs.closes)/float64(max(rs.on, 1)), rs.evenAt(), rs.failed)
 	}
+}
+
+// evenAt is when the share on the restored server first came within 3
+// points of a third, or "never".
+func (rs restoreSeries) evenAt() string {
+	for i, sh := range rs.share {
+		if math.Abs(sh-1.0/3) <= 0.03 {
+			return rs.after[i].Round(time.Second).String()
+		}
+	}
+	return "never"
 }
