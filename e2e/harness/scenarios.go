@@ -490,6 +490,12 @@ func actQuorum(rr *rowRun) error {
 	if rr.row.Mode.Chart {
 		rr.lateAfter = rr.fault.Add(chartQuorumLimit)
 	}
+	wctx, stopWatch := context.WithCancel(rr.ctx)
+	defer stopWatch()
+	lastConn, err := rr.watchLastConn(wctx, APIAddr(v))
+	if err != nil {
+		return err
+	}
 	if err := c.Partition(rr.ctx, v, true); err != nil {
 		return err
 	}
@@ -517,6 +523,8 @@ func actQuorum(rr *rowRun) error {
 	}
 	s := rr.settings()
 	rr.observeExclusion(v, s.DrainTimeout+2*s.HealthInterval+20*time.Second, checkMajority)
+	stopWatch()
+	rr.reportLastConn(v, lastConn())
 	return majorityErr
 }
 
