@@ -620,8 +620,9 @@ func checkRestart(rr *rowRun, m Measure) {
 // checkQuorumRecovered is the chart's bound: the node's clients are back
 // within chartQuorumLimit. Every watcher goes at most that long without an
 // object the cluster wrote (the time it lags behind the majority), and no
-// short request, quorum read or write started after it fails. Measure.Recovery, which
-// also counts the majority's own leader election, is reported beside it.
+// short request, quorum read or write started after it fails.
+// Measure.Recovery, which also counts the majority's own leader election,
+// is reported beside it.
 func checkQuorumRecovered(rr *rowRun, m Measure) {
 	rr.asserts(fmt.Sprintf("every watcher's gap at most %s, and no short request, quorum read or write started %s after the fault fails",
 		chartQuorumLimit, chartQuorumLimit))
