@@ -154,10 +154,11 @@ func (rr *rowRun) lastDialTo(ctx context.Context, addr string) (time.Time, int) 
 // probe that draws the check waits on an etcd without a leader. The
 // daemon then gives up on its kept connection after half the probe's
 // time and asks again on a fresh one, which gets the cached answer: still
-// a pass if the check that fails has not come back yet (seen in a run:
-// that pass 20 ms before the first failed answer). The next probe starts
+// a pass if the check that fails has not come back yet (so the API
+// server's log of a run reads: a probe abandoned on its kept connection
+// 20 ms before the first failed answer, X 7.2 s). The next probe starts
 // an interval after that one ended and may draw the check the same way,
-// failing up to a timeout after it started. X was 7.2 s in that run.
+// failing up to a timeout after it started.
 func (rr *rowRun) reportLastConn(victim string, lc lastConn) {
 	s := rr.settings()
 	readyz := rr.row.Mode.HealthCheck == "readyz"
