@@ -84,6 +84,9 @@ func TestMeasureGapsAndRecovery(t *testing.T) {
 		watchers: []*Watcher{{ID: 0, seen: map[string]time.Time{"a": at(1.1), "b": at(22), "d": at(22)}}},
 	}
 	m := w.Measure(at(10), at(15), at(30))
+	if m.Quorum.Total != 0 {
+		t.Errorf("quorum reads = %+v; want none", m.Quorum)
+	}
 	if m.Shorts.Total != 4 || m.Shorts.Failed != 1 || m.Shorts.FailedLate != 0 {
 		t.Errorf("shorts = %+v; want 4 total, 1 failed, 0 late", m.Shorts)
 	}
@@ -98,6 +101,23 @@ func TestMeasureGapsAndRecovery(t *testing.T) {
 	}
 	if m.Recovery != 12*time.Second {
 		t.Errorf("recovery %s; want 12s (the late delivery at 22 s)", m.Recovery)
+	}
+	// A quorum read that hung until its timeout ends the recovery later;
+	// one that failed before the fault does not count.
+	w.quorums = []ShortResult{
+		{Start: at(9), Dur: 100 * time.Millisecond, Err: "status 500"},
+		{Start: at(16), Dur: 10 * time.Second, Err: "timeout"},
+		{Start: at(17), Dur: 40 * time.Millisecond},
+	}
+	m = w.Measure(at(10), at(15), at(30))
+	if m.Quorum.Total != 3 || m.Quorum.Failed != 2 || m.Quorum.FailedLate != 1 || m.Quorum.Max != 40*time.Millisecond {
+		t.Errorf("quorum reads = %+v; want 3 total, 2 failed, 1 late, max 40ms", m.Quorum)
+	}
+	if m.Shorts.Total != 4 || m.Shorts.Failed != 1 {
+		t.Errorf("shorts = %+v; want them apart from the quorum reads (4 total, 1 failed)", m.Shorts)
+	}
+	if m.Recovery != 16*time.Second {
+		t.Errorf("recovery %s; want 16s (the quorum read that ended at 26 s)", m.Recovery)
 	}
 	if m := w.Measure(time.Time{}, time.Time{}, at(30)); m.Recovery != -1 {
 		t.Errorf("recovery without a fault %s; want -1", m.Recovery)

@@ -31,16 +31,32 @@ func (r Report) Markdown() string {
 		ChartSettings.HealthInterval, ChartSettings.HealthTimeout, ChartSettings.DrainTimeout)
 	fmt.Fprintf(&b, "- +node rows: the node-level instance on the kubelet's credentials: discovery through a kubelet.conf naming w1's node client certificate (`system:node:%s`, group `system:nodes`), allowed by deploy/node-discovery-rbac.yaml, with readyz the probe presenting it too; only cp1 static, the endpoint cache on\n", nodeName)
 	fmt.Fprintf(&b, "- Control plane: kube-apiserver and etcd %s built from source, 3 etcd members, one API server per node on its local member, `--authorization-mode Node,RBAC`, EndpointSlice watch cache off\n", controlplane.KubernetesVersion)
-	fmt.Fprintf(&b, "- Workload in w1 through 127.0.0.1:7445: GET /version on a fresh TLS connection every %s (timeout %s), 3 HTTP/2 ConfigMap watchers, one ConfigMap create every %s (timeout %s, new connection after a failure)\n",
+	fmt.Fprintf(&b, "- Workload in w1 through 127.0.0.1:7445: GET /version and a quorum read (a LIST of the row's ConfigMaps, `limit=1`, no resourceVersion), each on a fresh TLS connection every %s (timeout %s), 3 HTTP/2 ConfigMap watchers, one ConfigMap create every %s (timeout %s, new connection after a failure)\n",
 		shortEvery, shortTimeout, writeEvery, writeTimeout)
-	fmt.Fprintf(&b, "- Latencies are of successful short requests; a watch gap is how long a written object waited before a watcher received it; recovery is fault to the end of the last failure (— for no fault, 0 for nothing failed)\n\n")
+	fmt.Fprintf(&b, "- Latencies are of successful GET /version requests (of quorum reads in each row's notes); a watch gap is how long a written object waited before a watcher received it; recovery is fault to the end of the last failure (a GET /version, quorum read or write that failed, or a watch event more than %s late), on the harness's clock (— for no fault, 0 for nothing failed)\n\n", lateDelivery)
 
-	b.WriteString("| # | Scenario | Mode | Result | Victim | Short failed/total (late) | p50 | p99 | max | Watch gap per watcher | Writes failed/total | Recovery |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for i, res := range r.Results {
+	writeTable(&b, r.Results)
+	writeRows(&b, r.Results)
+	b.WriteString("\n## Scenarios\n\n")
+	seen := map[string]bool{}
+	for _, res := range r.Results {
+		if seen[res.Scenario] {
+			continue
+		}
+		seen[res.Scenario] = true
+		fmt.Fprintf(&b, "- **%s**: %s\n", res.Scenario, ScenarioDescriptions[res.Scenario])
+	}
+	return b.String()
+}
+
+// writeTable writes the result table, a line per row.
+func writeTable(b *strings.Builder, results []Result) {
+	b.WriteString("| # | Scenario | Mode | Result | Victim | Short failed/total (late) | Quorum read failed/total (late) | p50 | p99 | max | Watch gap per watcher | Writes failed/total | Recovery |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for i, res := range results {
 		m := res.Measure
 		if res.Status == StatusNotBuilt || (res.Status == StatusError && m.Shorts.Total == 0) {
-			fmt.Fprintf(&b, "| %d | %s | %s | %s | | | | | | | | |\n", i+1, res.Scenario, res.Mode, res.Status)
+			fmt.Fprintf(b, "| %d | %s | %s | %s | | | | | | | | | |\n", i+1, res.Scenario, res.Mode, res.Status)
 			continue
 		}
 		var gaps []string
@@ -55,47 +71,46 @@ func (r Report) Markdown() string {
 		if m.Recovery >= 0 {
 			recovery = ms(m.Recovery)
 		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %d/%d (%d) | %s | %s | %s | %s | %d/%d | %s |\n",
+		fmt.Fprintf(b, "| %d | %s | %s | %s | %s | %d/%d (%d) | %d/%d (%d) | %s | %s | %s | %s | %d/%d | %s |\n",
 			i+1, res.Scenario, res.Mode, res.Status, res.Victim,
-			m.Shorts.Failed, m.Shorts.Total, m.Shorts.FailedLate,
+			m.Shorts.Failed, m.Shorts.Total, m.Shorts.FailedLate, m.Quorum.Failed, m.Quorum.Total, m.Quorum.FailedLate,
 			ms(m.Shorts.P50), ms(m.Shorts.P99), ms(m.Shorts.Max),
 			strings.Join(gaps, ", "), m.Writes.Failed, m.Writes.Total, recovery)
 	}
+}
 
+// writeRows writes each row's assertions, failures and notes.
+func writeRows(b *strings.Builder, results []Result) {
 	b.WriteString("\n## Rows\n\n")
-	for i, res := range r.Results {
-		fmt.Fprintf(&b, "%d. **%s %s: %s** (%s)", i+1, res.Scenario, res.Mode, res.Status, res.Elapsed.Round(time.Second))
+	for i, res := range results {
+		fmt.Fprintf(b, "%d. **%s %s: %s** (%s)", i+1, res.Scenario, res.Mode, res.Status, res.Elapsed.Round(time.Second))
 		if res.Err != "" {
-			fmt.Fprintf(&b, " %s", firstLine(res.Err))
+			fmt.Fprintf(b, " %s", firstLine(res.Err))
 		}
 		b.WriteString("\n")
 		for _, a := range res.Asserted {
-			fmt.Fprintf(&b, "   - asserts: %s\n", a)
+			fmt.Fprintf(b, "   - asserts: %s\n", a)
 		}
 		for _, f := range res.Failures {
-			fmt.Fprintf(&b, "   - **failed:** %s\n", firstLine(f))
+			fmt.Fprintf(b, "   - **failed:** %s\n", firstLine(f))
 		}
 		for _, n := range res.Notes {
-			fmt.Fprintf(&b, "   - %s\n", n)
+			fmt.Fprintf(b, "   - %s\n", n)
 		}
 		if m := res.Measure; m.Shorts.FirstErr != "" {
-			fmt.Fprintf(&b, "   - first short-request error: %s\n", firstLine(m.Shorts.FirstErr))
+			fmt.Fprintf(b, "   - first short-request error: %s\n", firstLine(m.Shorts.FirstErr))
+		}
+		if m := res.Measure; m.Quorum.Total > 0 {
+			fmt.Fprintf(b, "   - quorum reads: %d/%d failed (%d late), p50 %s, max %s\n",
+				m.Quorum.Failed, m.Quorum.Total, m.Quorum.FailedLate, ms(m.Quorum.P50), ms(m.Quorum.Max))
+		}
+		if m := res.Measure; m.Quorum.FirstErr != "" {
+			fmt.Fprintf(b, "   - first quorum-read error: %s\n", firstLine(m.Quorum.FirstErr))
 		}
 		if m := res.Measure; m.Writes.FirstErr != "" {
-			fmt.Fprintf(&b, "   - first write error: %s\n", firstLine(m.Writes.FirstErr))
+			fmt.Fprintf(b, "   - first write error: %s\n", firstLine(m.Writes.FirstErr))
 		}
 	}
-
-	b.WriteString("\n## Scenarios\n\n")
-	seen := map[string]bool{}
-	for _, res := range r.Results {
-		if seen[res.Scenario] {
-			continue
-		}
-		seen[res.Scenario] = true
-		fmt.Fprintf(&b, "- **%s**: %s\n", res.Scenario, ScenarioDescriptions[res.Scenario])
-	}
-	return b.String()
 }
 
 func ms(d time.Duration) string {

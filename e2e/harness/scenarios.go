@@ -490,6 +490,12 @@ func actQuorum(rr *rowRun) error {
 	if rr.row.Mode.Chart {
 		rr.lateAfter = rr.fault.Add(chartQuorumLimit)
 	}
+	wctx, stopWatch := context.WithCancel(rr.ctx)
+	defer stopWatch()
+	lastConn, err := rr.watchLastConn(wctx, APIAddr(v))
+	if err != nil {
+		return err
+	}
 	if err := c.Partition(rr.ctx, v, true); err != nil {
 		return err
 	}
@@ -517,6 +523,8 @@ func actQuorum(rr *rowRun) error {
 	}
 	s := rr.settings()
 	rr.observeExclusion(v, s.DrainTimeout+2*s.HealthInterval+20*time.Second, checkMajority)
+	stopWatch()
+	rr.reportLastConn(v, lastConn())
 	return majorityErr
 }
 
@@ -612,18 +620,19 @@ func checkRestart(rr *rowRun, m Measure) {
 // checkQuorumRecovered is the chart's bound: the node's clients are back
 // within chartQuorumLimit. Every watcher goes at most that long without an
 // object the cluster wrote (the time it lags behind the majority), and no
-// short request or write started after it fails. Measure.Recovery, which
-// also counts the majority's own leader election, is reported beside it.
+// short request, quorum read or write started after it fails.
+// Measure.Recovery, which also counts the majority's own leader election,
+// is reported beside it.
 func checkQuorumRecovered(rr *rowRun, m Measure) {
-	rr.asserts(fmt.Sprintf("every watcher's gap at most %s, and no request or write started %s after the fault fails",
+	rr.asserts(fmt.Sprintf("every watcher's gap at most %s, and no short request, quorum read or write started %s after the fault fails",
 		chartQuorumLimit, chartQuorumLimit))
 	for _, w := range m.Watchers {
 		if w.MaxGap > chartQuorumLimit {
 			rr.fail("watcher %d (on %s) went %s without events; want <= %s", w.ID, orUnknown(w.Upstream), w.MaxGap.Round(time.Millisecond), chartQuorumLimit)
 		}
 	}
-	if m.Shorts.FailedLate > 0 || m.Writes.FailedLate > 0 {
-		rr.fail("%d short requests and %d writes started more than %s after the fault failed (first short: %s)",
-			m.Shorts.FailedLate, m.Writes.FailedLate, chartQuorumLimit, m.Shorts.LateErr)
+	if m.Shorts.FailedLate > 0 || m.Quorum.FailedLate > 0 || m.Writes.FailedLate > 0 {
+		rr.fail("%d short requests, %d quorum reads and %d writes started more than %s after the fault failed (first short: %s; first quorum read: %s)",
+			m.Shorts.FailedLate, m.Quorum.FailedLate, m.Writes.FailedLate, chartQuorumLimit, m.Shorts.LateErr, m.Quorum.LateErr)
 	}
 }

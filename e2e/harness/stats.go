@@ -11,13 +11,15 @@ const lateDelivery = 2 * time.Second
 
 // Measure is what the clients saw in one scenario.
 type Measure struct {
-	Shorts   ShortStats
+	Shorts ShortStats // GET /version
+	// Quorum is the quorum reads (see Workload.quorums), counted as Shorts.
+	Quorum   ShortStats
 	Writes   WriteStats
 	Watchers []WatchStats
 	// Recovery is the time from the fault until the end of the last
-	// failure (a failed short request or write, or a watch event more than
-	// lateDelivery late); 0 when nothing failed after the fault, -1 when
-	// the scenario has no fault.
+	// failure (a failed short request, quorum read or write, or a watch
+	// event more than lateDelivery late); 0 when nothing failed after the
+	// fault, -1 when the scenario has no fault.
 	Recovery time.Duration
 }
 
@@ -59,37 +61,14 @@ type WatchStats struct {
 // (zero for none); short-request failures that started after lateAfter
 // (when not zero) count as late, and so do failed writes.
 func (w *Workload) Measure(fault, lateAfter, end time.Time) Measure {
-	shorts, writes := w.Snapshot()
+	shorts, quorums, writes := w.Snapshot()
 	m := Measure{Recovery: -1}
 	lastBad := fault
-
-	var durs []time.Duration
-	for _, s := range shorts {
-		m.Shorts.Total++
-		if s.Err == "" {
-			durs = append(durs, s.Dur)
-			continue
-		}
-		m.Shorts.Failed++
-		if m.Shorts.FirstErr == "" {
-			m.Shorts.FirstErr = s.Err
-		}
-		if !lateAfter.IsZero() && s.Start.After(lateAfter) {
-			m.Shorts.FailedLate++
-			if m.Shorts.LateErr == "" {
-				m.Shorts.LateErr = s.Start.Format("15:04:05.000") + " " + s.Err
-			}
-		}
-		if !fault.IsZero() && s.Start.After(fault) {
-			lastBad = maxTime(lastBad, s.Start.Add(s.Dur))
-		}
-	}
-	slices.Sort(durs)
-	m.Shorts.P50 = percentile(durs, 0.50)
-	m.Shorts.P99 = percentile(durs, 0.99)
-	if len(durs) > 0 {
-		m.Shorts.Max = durs[len(durs)-1]
-	}
+	var bad time.Time
+	m.Shorts, bad = shortStats(shorts, fault, lateAfter)
+	lastBad = maxTime(lastBad, bad)
+	m.Quorum, bad = shortStats(quorums, fault, lateAfter)
+	lastBad = maxTime(lastBad, bad)
 
 	var ok []WriteResult
 	for _, wr := range writes {
@@ -164,6 +143,41 @@ func (m Measure) MaxGap() time.Duration {
 		g = max(g, w.MaxGap)
 	}
 	return g
+}
+
+// shortStats summarises short requests sorted by start, and returns the
+// end of the last one that failed after the fault (zero if none).
+func shortStats(rs []ShortResult, fault, lateAfter time.Time) (ShortStats, time.Time) {
+	var st ShortStats
+	var lastBad time.Time
+	var durs []time.Duration
+	for _, s := range rs {
+		st.Total++
+		if s.Err == "" {
+			durs = append(durs, s.Dur)
+			continue
+		}
+		st.Failed++
+		if st.FirstErr == "" {
+			st.FirstErr = s.Err
+		}
+		if !lateAfter.IsZero() && s.Start.After(lateAfter) {
+			st.FailedLate++
+			if st.LateErr == "" {
+				st.LateErr = s.Start.Format("15:04:05.000") + " " + s.Err
+			}
+		}
+		if !fault.IsZero() && s.Start.After(fault) {
+			lastBad = maxTime(lastBad, s.Start.Add(s.Dur))
+		}
+	}
+	slices.Sort(durs)
+	st.P50 = percentile(durs, 0.50)
+	st.P99 = percentile(durs, 0.99)
+	if len(durs) > 0 {
+		st.Max = durs[len(durs)-1]
+	}
+	return st, lastBad
 }
 
 func percentile(sorted []time.Duration, p float64) time.Duration {

@@ -31,16 +31,20 @@ const (
 )
 
 // Workload is the client side of a scenario, all inside w1 and all through
-// extractedprism: short requests (a fresh TLS connection every 100 ms, GET
-// /version), long-lived HTTP/2 watchers on ConfigMaps, and a writer that
-// creates a ConfigMap every 500 ms.
+// extractedprism: short requests (each on a fresh TLS connection, every
+// 100 ms a GET /version and a quorum read), long-lived HTTP/2 watchers on
+// ConfigMaps, and a writer that creates a ConfigMap every 500 ms.
 type Workload struct {
 	c         *Cluster
 	namespace string
 	pid       int // the daemon's, to read w1's socket table
 
-	mu       sync.Mutex // guards shorts, writes
-	shorts   []ShortResult
+	mu     sync.Mutex // guards shorts, quorums, writes
+	shorts []ShortResult
+	// quorums are the quorum reads: a LIST of the row's ConfigMaps with
+	// limit=1 and no resourceVersion, a consistent read that needs etcd
+	// quorum, where GET /version needs no etcd at all.
+	quorums  []ShortResult
 	writes   []WriteResult
 	watchers []*Watcher
 
@@ -121,7 +125,10 @@ func (c *Cluster) StartWorkload(ctx context.Context, namespace string, daemonPid
 		},
 		Timeout: shortTimeout,
 	}
-	w.loops.Go(func() { w.shortLoop(lctx, shortClient) })
+	version := "https://" + ProxyAddr + "/version"
+	quorum := "https://" + ProxyAddr + "/api/v1/namespaces/" + namespace + "/configmaps?limit=1"
+	w.loops.Go(func() { w.shortLoop(lctx, shortClient, version, &w.shorts) })
+	w.loops.Go(func() { w.shortLoop(lctx, shortClient, quorum, &w.quorums) })
 	w.loops.Go(func() { w.writeLoop(lctx) })
 	return w, nil
 }
@@ -146,10 +153,10 @@ func (c *Cluster) ProxyClient() (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(c.RESTConfig(ProxyAddr, pki.ServiceName))
 }
 
-// shortLoop starts a short request every shortEvery until ctx is done. A
-// request that cannot start because shortMaxInFlight are already running
-// counts as failed.
-func (w *Workload) shortLoop(ctx context.Context, client *http.Client) {
+// shortLoop starts a GET of url every shortEvery until ctx is done and
+// records it in *into. A request that cannot start because
+// shortMaxInFlight are already running counts as failed.
+func (w *Workload) shortLoop(ctx context.Context, client *http.Client, url string, into *[]ShortResult) {
 	var inflight sync.WaitGroup
 	defer inflight.Wait()
 	sem := make(chan struct{}, shortMaxInFlight)
@@ -165,18 +172,18 @@ func (w *Workload) shortLoop(ctx context.Context, client *http.Client) {
 		case sem <- struct{}{}:
 			inflight.Go(func() {
 				defer func() { <-sem }()
-				w.record(shortRequest(client))
+				w.record(into, shortRequest(client, url))
 			})
 		default:
-			w.record(ShortResult{Start: time.Now(), Err: "client saturated"})
+			w.record(into, ShortResult{Start: time.Now(), Err: "client saturated"})
 		}
 	}
 }
 
-func shortRequest(client *http.Client) ShortResult {
+func shortRequest(client *http.Client, url string) ShortResult {
 	start := time.Now()
 	r := ShortResult{Start: start}
-	resp, err := client.Get("https://" + ProxyAddr + "/version")
+	resp, err := client.Get(url)
 	if err == nil {
 		_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 		resp.Body.Close()
@@ -191,9 +198,9 @@ func shortRequest(client *http.Client) ShortResult {
 	return r
 }
 
-func (w *Workload) record(r ShortResult) {
+func (w *Workload) record(into *[]ShortResult, r ShortResult) {
 	w.mu.Lock()
-	w.shorts = append(w.shorts, r)
+	*into = append(*into, r)
 	w.mu.Unlock()
 }
 
@@ -419,12 +426,16 @@ func (w *Workload) Stop() {
 	}
 }
 
-// Snapshot copies what the workload recorded.
-func (w *Workload) Snapshot() ([]ShortResult, []WriteResult) {
+// Snapshot copies what the workload recorded: the GET /version requests,
+// the quorum reads (both by start) and the writes.
+func (w *Workload) Snapshot() (shorts, quorums []ShortResult, writes []WriteResult) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	shorts := append([]ShortResult(nil), w.shorts...)
-	writes := append([]WriteResult(nil), w.writes...)
-	sort.Slice(shorts, func(i, j int) bool { return shorts[i].Start.Before(shorts[j].Start) })
-	return shorts, writes
+	shorts = append([]ShortResult(nil), w.shorts...)
+	quorums = append([]ShortResult(nil), w.quorums...)
+	writes = append([]WriteResult(nil), w.writes...)
+	for _, rs := range [][]ShortResult{shorts, quorums} {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].Start.Before(rs[j].Start) })
+	}
+	return shorts, quorums, writes
 }
