@@ -144,22 +144,25 @@ func (rr *rowRun) lastDialTo(ctx context.Context, addr string) (time.Time, int) 
 
 // reportLastConn notes the victim's first failed /readyz and the time
 // from it to the daemon's last new connection there (X); with readyz it
-// asserts the bound: X <= one probe interval (the daemon's
-// longest, with the jitter) plus lastConnSlack, plus dialPollEvery for
-// the scrape that saw the dial.
+// asserts X <= one probe interval (the daemon's longest, with the jitter)
+// plus half of --health-timeout plus lastConnSlack, plus dialPollEvery
+// for the scrape that saw the dial.
 //
-// The API server runs its etcd check for at most one /readyz a second and
-// answers the others from the last result, so for its first seconds
-// without quorum its answers hang or pass by turns. A daemon probe that
-// hangs fails at half its time (keptprobe.go); one that asked again on a
-// fresh connection could get a cached pass there, and X reached 7.2 s.
+// Why half the timeout: the API server runs its etcd check for at most
+// one /readyz a second and answers the others from the last result, so
+// for its first seconds without quorum its answers hang or pass by turns,
+// and the daemon's first probe after its answers turn may be the one that
+// draws the check and hangs: the daemon fails it at half its time
+// (keptprobe.go). Two runs measured X 5.6 s, at the one interval
+// plus 100 ms with the jitter; one that asked again on a fresh connection
+// after the hang, and got a cached pass there, measured 7.2 s.
 func (rr *rowRun) reportLastConn(victim string, lc lastConn) {
 	s := rr.settings()
 	readyz := rr.row.Mode.HealthCheck == "readyz"
 	interval := time.Duration(float64(s.HealthInterval) * (1 + daemonProbeJitter))
-	bound := interval + lastConnSlack + dialPollEvery
+	bound := interval + s.HealthTimeout/2 + lastConnSlack + dialPollEvery
 	if readyz {
-		rr.asserts(fmt.Sprintf("first failed /readyz of the victim -> the daemon's last new connection to it <= one probe interval (%s with the jitter) + %s (+ %s, the metrics poll): %s",
+		rr.asserts(fmt.Sprintf("first failed /readyz of the victim -> the daemon's last new connection to it <= one probe interval (%s with the jitter) + half --health-timeout + %s (+ %s, the metrics poll): %s",
 			interval, lastConnSlack, dialPollEvery, bound))
 	}
 	if lc.firstFailed.IsZero() {
