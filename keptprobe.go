@@ -70,15 +70,22 @@ func (r *readyzProbe) checkKept(ctx context.Context, addr string, cfg *tls.Confi
 	err := r.probe(kctx, addr, nil, cfg, sum)
 	switch {
 	case errors.Is(kctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
-		res := tcpCheck(ctx, addr)
-		if res.err == nil {
-			res.probed, res.notReady = true, fmt.Errorf("readyz: %w", kctx.Err())
-		}
-		return res, true
+		return failedProbe(ctx, addr, fmt.Errorf("readyz: %w", kctx.Err())), true
 	case err != nil && !errors.Is(err, errNotReady):
 		return checkResult{}, false // no kept connection, or a broken one
 	}
 	return checkResult{rtt: r.keptRTT(addr), probed: true, notReady: err}, true
+}
+
+// failedProbe is the result of a probe that failed for why before a
+// request could tell: a TCP check of addr still says whether it is
+// reachable.
+func failedProbe(ctx context.Context, addr string, why error) checkResult {
+	res := tcpCheck(ctx, addr)
+	if res.err == nil {
+		res.probed, res.notReady = true, why
+	}
+	return res
 }
 
 // keptRTT is the kernel's round-trip time of addr's kept connection, 0 if

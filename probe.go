@@ -165,20 +165,17 @@ var errNotReady = errors.New("readyz: not ready")
 // checkKept), else over a fresh connection, as a TCP check and a
 // handshake. The credentials are read once per check.
 func (r *readyzProbe) check(ctx context.Context, addr string) checkResult {
-	cfg, sum, cfgErr := r.tlsConfig()
-	if cfgErr == nil {
-		if res, ok := r.checkKept(ctx, addr, cfg, sum); ok {
-			return res
-		}
+	cfg, sum, err := r.tlsConfig()
+	if err != nil {
+		return failedProbe(ctx, addr, err)
+	}
+	if res, ok := r.checkKept(ctx, addr, cfg, sum); ok {
+		return res
 	}
 	c, rtt, err := connectTimed(ctx, addr)
 	if err != nil {
 		r.forget(addr) // refused or unreachable: the kept connection is of no use
 		return checkResult{err: err}
-	}
-	if cfgErr != nil {
-		closeAbortive(c)
-		return checkResult{rtt: rtt, probed: true, notReady: cfgErr}
 	}
 	return checkResult{rtt: rtt, probed: true, notReady: r.probe(ctx, addr, c, cfg, sum)}
 }
