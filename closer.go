@@ -1,15 +1,17 @@
 package main
 
-// One closer runs the closes the daemon forces on connections over time:
-// the spread closing of a drain or an eviction (spread.go), the
-// rebalancer's close at a quiet moment (rebalance.go), the idle timeout
-// (idle.go) and the graceful stop (listeners.go). Each is a job: the
-// connections it may close, a pure rule saying of each whether its close
-// is due or when to look again, its reason, a deadline and how many it may
-// close. One goroutine runs every job on one timer, and a look reads each
-// connection's TCP_INFO at most once whatever the jobs. Closes that follow
-// at once from an event stay with the event: shutdown, the end of a drain,
-// the sweep's look at stalled connections, the idle close at the bound.
+// One closer runs what the daemon does to connections over time: the
+// spread closing of a drain or an eviction (spread.go), the rebalancer's
+// close at a quiet moment (rebalance.go), the idle timeout (idle.go), the
+// graceful stop (listeners.go), and an upstream's timed actions (pool.arm:
+// the end of a drain, the start of an eviction, the sweep's look at
+// stalled connections). Each is a job: the connections it may close, a
+// pure rule saying of each whether its close is due or when to look again,
+// its reason, a deadline and how many it may close. One goroutine runs
+// every job on one timer, and a look reads each connection's TCP_INFO at
+// most once whatever the jobs. Closes that follow at once from an event
+// stay with the event: shutdown, the end of a drain, the idle close at the
+// bound.
 
 import (
 	"cmp"
@@ -39,8 +41,11 @@ type closeJob struct {
 	over        func() bool
 	once, flush bool
 	every       time.Duration
-	// closed, if set, is told of each close, for its log line.
+	// closed, if set, is told of each close, for its log line. end, if
+	// set, runs when the job ends, unless the closer stops first. A job
+	// without conns closes nothing: it is a timed action (pool.arm).
 	closed func(pc *proxyConn, look func() connLook)
+	end    func()
 
 	n    int           // closed so far
 	next time.Time     // when it looks next
@@ -120,6 +125,9 @@ func (c *closer) look(now time.Time) time.Time {
 			c.jobs = slices.DeleteFunc(c.jobs, func(o *closeJob) bool { return o == j })
 			c.mu.Unlock()
 			close(j.done)
+			if j.end != nil {
+				j.end()
+			}
 			continue
 		}
 		next = earliest(next, j.next)
@@ -140,6 +148,9 @@ func (j *closeJob) run(now time.Time, looks map[*proxyConn]connLook) bool {
 			looks[pc] = lookAt(pc)
 		}
 		return looks[pc]
+	}
+	if j.conns == nil {
+		return false
 	}
 	left := 0
 	for _, pc := range j.conns(lookOf) {
@@ -165,7 +176,7 @@ func (j *closeJob) run(now time.Time, looks map[*proxyConn]connLook) bool {
 // stop ends j as the closer stops: what is left of a flushing job's
 // connections closes at once, counted only where its end is not claimed.
 func (j *closeJob) stop() {
-	if j.flush {
+	if j.flush && j.conns != nil {
 		for _, pc := range j.conns(lookAt) {
 			pc.closeFor(connEndShutdown)
 		}

@@ -14,7 +14,6 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"log/slog"
 	"slices"
 	"time"
@@ -76,21 +75,11 @@ func quietDue(_ *proxyConn, now time.Time, look func() connLook) (bool, time.Tim
 	return answeredDue(rebalanceQuiet, now, look)
 }
 
-// rebalanceLoop is the pool's rebalancing goroutine, started by newPool
-// when cfg.rebalance is set and owned by the pool: its WaitGroup counts
-// it, and shutdown (stopClosing) ends it.
-func (p *pool) rebalanceLoop(ctx context.Context) {
-	t := time.NewTimer(p.rebalanceDelay())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		p.rebalanceOnce(ctx)
-		t.Reset(p.rebalanceDelay())
-	}
+// rebalanceLater has the closer look for a connection to move one period
+// from now; each look schedules the next when it ends, so the rebalancer
+// runs until the closer stops (shutdown, or the pool's close).
+func (p *pool) rebalanceLater() {
+	p.closer.add(&closeJob{deadline: time.Now().Add(p.rebalanceDelay()), end: p.rebalanceOnce})
 }
 
 // longLivedAge is how old a connection must be to count: half a period
@@ -112,9 +101,9 @@ func (p *pool) rebalanceDelay() time.Duration {
 // rebalanceOnce closes at most one connection: the oldest long-lived one
 // of the most loaded upstream that is quiet within rebalanceWait, while the
 // skew lasts.
-func (p *pool) rebalanceOnce(ctx context.Context) {
+func (p *pool) rebalanceOnce() {
 	var from, to *upstream
-	j := p.closer.add(&closeJob{reason: connEndRebalance, due: p.cfg.quiet, deadline: time.Now().Add(rebalanceWait), limit: 1, once: true,
+	p.closer.add(&closeJob{reason: connEndRebalance, due: p.cfg.quiet, deadline: time.Now().Add(rebalanceWait), limit: 1, once: true, end: p.rebalanceLater,
 		conns: func(look func(*proxyConn) connLook) []*proxyConn {
 			var conns []*proxyConn
 			from, to, conns = p.rebalanceCandidates(time.Now(), look)
@@ -127,10 +116,6 @@ func (p *pool) rebalanceOnce(ctx context.Context) {
 			p.note(from, slog.LevelInfo, "closing a long-lived connection to rebalance", "client", pc.client.RemoteAddr().String(),
 				"age", time.Since(pc.since).Round(time.Second), "connections", len(from.conns), "to", to.addr)
 		}})
-	select {
-	case <-j.done:
-	case <-ctx.Done():
-	}
 }
 
 // rebalanceCandidates returns the upstream to take a connection from, the

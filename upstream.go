@@ -113,12 +113,12 @@ type pool struct {
 
 	ctx    context.Context //nolint:containedctx // the pool's lifetime, parent of its probes; close cancels it
 	cancel context.CancelFunc
-	// closer runs the forced closes over time (see closer.go); closeCtx,
-	// which closeConns and close cancel, stops it and the rebalancer.
+	// closer runs the forced closes and timed actions (see closer.go);
+	// closeCtx, which closeConns and close cancel, stops it.
 	closer      *closer
 	closeCtx    context.Context //nolint:containedctx // as ctx
 	stopClosing context.CancelFunc
-	wg          sync.WaitGroup // probe loops, pending deadlines, the closer and the rebalancer
+	wg          sync.WaitGroup // probe loops and the closer
 
 	// mu guards upstreams, closed, notes, unusableSince and the mutable
 	// fields of every upstream.
@@ -145,46 +145,40 @@ func newPool(log *slog.Logger, m *metrics, cfg poolConfig, check checkFunc, sel 
 		if p.cfg.quiet == nil {
 			p.cfg.quiet = quietDue
 		}
-		p.wg.Go(func() { p.rebalanceLoop(p.closeCtx) })
+		p.rebalanceLater()
 	}
 	return p
 }
 
 // deadline is a pending action of one upstream; see pool.arm.
-type deadline struct{ t *time.Timer }
+type deadline struct{ j *closeJob }
 
-func (d *deadline) pending() bool { return d.t != nil }
+func (d *deadline) pending() bool { return d.j != nil }
 
-// arm runs fn with p.mu held after delay, unless stop calls it off or the
-// pool closes first. p.mu must be held. The pool's WaitGroup counts it
-// until it has run or been called off, so close waits for a running one.
+// arm has the closer run fn with p.mu held after delay, unless stop calls
+// it off or the pool closes first. p.mu must be held. A job called off
+// stays with the closer until its time and then does nothing.
 func (p *pool) arm(d *deadline, delay time.Duration, fn func()) {
 	p.stop(d)
 	if p.closed {
 		return // close has stopped the others and may be waiting already
 	}
-	p.wg.Add(1)
-	var t *time.Timer
-	t = time.AfterFunc(delay, func() {
-		defer p.wg.Done()
+	j := &closeJob{deadline: time.Now().Add(delay)}
+	j.end = func() {
 		p.mu.Lock()
 		defer p.unlock()
-		if d.t != t || p.closed { // called off while it waited for the lock
-			return
+		if d.j == j && !p.closed { // not called off while it waited for the lock
+			d.j = nil
+			fn()
 		}
-		d.t = nil
-		fn()
-	})
-	d.t = t
+	}
+	d.j = p.closer.add(j)
 }
 
 // stop calls d off and reports whether it was pending. p.mu must be held.
 func (p *pool) stop(d *deadline) bool {
-	pending := d.t != nil
-	if pending && d.t.Stop() {
-		p.wg.Done()
-	}
-	d.t = nil
+	pending := d.j != nil
+	d.j = nil
 	return pending
 }
 
