@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -175,21 +176,16 @@ func (v *lenientValue) Set(s string) error {
 	return nil
 }
 
-// lenientBool is a lenientValue of a boolean flag, which may stand alone.
-type lenientBool struct{ *lenientValue }
-
-func (lenientBool) IsBoolFlag() bool { return true }
+// IsBoolFlag lets a boolean flag stand alone, as it does unwrapped.
+func (v *lenientValue) IsBoolFlag() bool { return v.kind == "boolean" }
 
 // lenient makes every flag of fs a lenientValue recording into the result.
 func lenient(fs *flag.FlagSet) refusals {
 	r := refusals{}
 	fs.VisitAll(func(f *flag.Flag) {
+		// UnquoteUsage names no type for a boolean flag, and one for every other.
 		kind, _ := flag.UnquoteUsage(f)
-		v := &lenientValue{Value: f.Value, name: f.Name, kind: kind, r: r}
-		f.Value = v
-		if kind == "" { // UnquoteUsage names no type for a boolean flag
-			v.kind, f.Value = "boolean", lenientBool{v}
-		}
+		f.Value = &lenientValue{Value: f.Value, name: f.Name, kind: cmp.Or(kind, "boolean"), r: r}
 	})
 	return r
 }
@@ -311,26 +307,13 @@ func (p *portNumber) Set(s string) error {
 	return nil
 }
 
-// violations collects the errors of validate, except those naming a flag
-// whose value was refused: it holds its default, not what was given, and
-// "--health-timeout must be less than --health-interval" against a default
-// the operator never chose would mislead.
-type violations struct {
-	errs    []error
-	refused []string // flag names
-}
+// violations collects the errors of validate; nil ones are dropped.
+type violations []error
 
 // addf records the error flagError(name, format, args...) when bad.
 func (v *violations) addf(bad bool, name, format string, args ...any) {
 	if bad {
-		v.add(flagError(name, format, args...))
-	}
-}
-
-// add records err unless it is nil or names a refused flag.
-func (v *violations) add(err error) {
-	if err != nil && !slices.ContainsFunc(v.refused, func(name string) bool { return strings.Contains(err.Error(), flagRef(name)) }) {
-		v.errs = append(v.errs, err)
+		*v = append(*v, flagError(name, format, args...))
 	}
 }
 
@@ -339,13 +322,18 @@ const hostRule = "must be an IP address or RFC 1123 hostname: got %q"
 
 // validate checks every rule of the configuration and normalizes
 // Endpoints. It reports every violation, one line each, naming the flag and
-// its variable and saying what is allowed, except of the refused flags.
+// its variable and saying what is allowed, except of the refused flags: a
+// refused flag holds its default, not what was given, and "--health-timeout
+// must be less than --health-interval" against a default the operator never
+// chose would mislead.
 func (c *config) validate(refused ...string) error {
-	v := violations{refused: refused}
+	var v violations
 	c.validateAddresses(&v)
 	c.validateTimings(&v)
 	c.validateModes(&v)
-	return errors.Join(v.errs...)
+	return errors.Join(slices.DeleteFunc(v, func(err error) bool {
+		return err == nil || slices.ContainsFunc(refused, func(name string) bool { return strings.Contains(err.Error(), flagRef(name)) })
+	})...)
 }
 
 func (c *config) validateAddresses(v *violations) {
@@ -357,7 +345,7 @@ func (c *config) validateAddresses(v *violations) {
 		c.Endpoints = endpoints
 		err = c.checkOwnListener()
 	}
-	v.add(err) // nil if both passed
+	*v = append(*v, err) // nil if both passed
 	v.addf(c.BindPort < 1 || c.BindPort > 65535, "bind-port", "must be in 1-65535: got %d", c.BindPort)
 	v.addf(c.HealthPort < 1 || c.HealthPort > 65535, "health-port", "must be in 1-65535: got %d", c.HealthPort)
 	// sun_path holds 108 bytes with the NUL, and a hand-over socket is first

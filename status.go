@@ -359,9 +359,9 @@ func escapeJSON(body []byte) []byte {
 		switch {
 		case r == '\r':
 			out = append(out, ' ')
-		case r == utf8.RuneError && n == 1:
-			out = append(out, `\ufffd`...)
-		case r == '\n' || r == '\t' || unicode.IsPrint(r):
+		// An invalid byte decodes as U+FFFD, printable, of width 1: it is
+		// escaped as that character.
+		case r == '\n' || r == '\t' || unicode.IsPrint(r) && (r != utf8.RuneError || n > 1):
 			out = append(out, body[:n]...)
 		default:
 			for _, u := range utf16.Encode([]rune{r}) {
