@@ -270,12 +270,10 @@ func parseStatusFlags(args []string, getenv func(string) string, out io.Writer) 
 }
 
 // readEnvFile returns the EP_ variables of a systemd EnvironmentFile:
-// KEY=VALUE lines, with # or ; comments and optional quotes.
+// KEY=VALUE lines, with # or ; comments and optional quotes. A missing
+// file has none; with any other error they are not to be used.
 func readEnvFile(path string) (map[string]string, error) {
 	data, err := readFileAtMost(path, 1<<20)
-	if err != nil {
-		return nil, err
-	}
 	vars := map[string]string{}
 	for line := range strings.Lines(string(data)) {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
@@ -287,7 +285,7 @@ func readEnvFile(path string) (map[string]string, error) {
 			vars[k] = v
 		}
 	}
-	return vars, nil
+	return vars, err
 }
 
 // fetchUpstreams returns the body of GET /upstreams from addr.
@@ -376,9 +374,8 @@ func escapeJSON(body []byte) []byte {
 // verdict returns nil when every upstream is in its good state, else the
 // exitError of a degraded node or of one with no usable upstream.
 func verdict(doc upstreamsDoc) error {
-	sum := doc.Summary
-	if sum.Usable == 0 {
-		return &exitError{statusNone, fmt.Errorf("status: no upstream usable of %d", sum.Total)}
+	if doc.Summary.Usable == 0 {
+		return &exitError{statusNone, fmt.Errorf("status: no upstream usable of %d", doc.Summary.Total)}
 	}
 	for _, u := range doc.Upstreams {
 		if u.State != stateHealthy && u.State != stateReady {
