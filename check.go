@@ -124,13 +124,9 @@ func (c *config) ignoredSettings() []ignoredSetting {
 // no flag reads, each with the one it may be a typo of: EP_HEALTH_CHEK=readyz
 // would otherwise leave the probes at tcp in silence.
 func unknownVariables(environ []string) []ignoredSetting {
-	var known []string
+	var known []string // and "", the variable of --version
 	fs, _ := newFlagSet(&config{})
-	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name != versionFlag {
-			known = append(known, envName(f.Name))
-		}
-	})
+	fs.VisitAll(func(f *flag.Flag) { known = append(known, envName(f.Name)) })
 	var unknown []ignoredSetting
 	for _, kv := range environ {
 		name, _, _ := strings.Cut(kv, "=")

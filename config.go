@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,6 +19,8 @@ import (
 	"syscall"
 	"time"
 	"unicode/utf8"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // The values of --upstream-selection and --health-check.
@@ -173,21 +176,16 @@ func (v *lenientValue) Set(s string) error {
 	return nil
 }
 
-// lenientBool is a lenientValue of a boolean flag, which may stand alone.
-type lenientBool struct{ *lenientValue }
-
-func (lenientBool) IsBoolFlag() bool { return true }
+// IsBoolFlag lets a boolean flag stand alone, as it does unwrapped.
+func (v *lenientValue) IsBoolFlag() bool { return v.kind == "boolean" }
 
 // lenient makes every flag of fs a lenientValue recording into the result.
 func lenient(fs *flag.FlagSet) refusals {
 	r := refusals{}
 	fs.VisitAll(func(f *flag.Flag) {
+		// UnquoteUsage names no type for a boolean flag, and one for every other.
 		kind, _ := flag.UnquoteUsage(f)
-		v := &lenientValue{Value: f.Value, name: f.Name, kind: kind, r: r}
-		f.Value = v
-		if kind == "" { // UnquoteUsage names no type for a boolean flag
-			v.kind, f.Value = "boolean", lenientBool{v}
-		}
+		f.Value = &lenientValue{Value: f.Value, name: f.Name, kind: cmp.Or(kind, "boolean"), r: r}
 	})
 	return r
 }
@@ -210,8 +208,8 @@ func (r refusals) take(ref func(string) string) error {
 // flag's own parser, and reports the values refused.
 func applyEnv(fs *flag.FlagSet, getenv func(string) string, set map[string]bool, r refusals) error {
 	fs.VisitAll(func(f *flag.Flag) {
-		if value := getenv(envName(f.Name)); value != "" && !set[f.Name] && f.Name != versionFlag {
-			_ = fs.Set(f.Name, value) // a lenientValue: a refusal lands in r
+		if env := envName(f.Name); env != "" && !set[f.Name] && getenv(env) != "" {
+			_ = fs.Set(f.Name, getenv(env)) // a lenientValue: a refusal lands in r
 			set[f.Name] = true
 		}
 	})
@@ -219,8 +217,12 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, set map[string]bool,
 }
 
 // envName is the variable that sets the flag name: EP_ and the name in upper
-// snake case, so --health-check-ca-file is EP_HEALTH_CHECK_CA_FILE.
+// snake case, so --health-check-ca-file is EP_HEALTH_CHECK_CA_FILE; none
+// ("") for --version.
 func envName(name string) string {
+	if name == versionFlag {
+		return ""
+	}
 	return "EP_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
@@ -243,7 +245,7 @@ func printUsage(w io.Writer) {
 	fmt.Fprint(w, "Usage: extractedprism [flags]\n\nPer-node TCP load balancer for the Kubernetes API server.\n"+
 		"Each flag can also be set by the EP_ variable shown next to it;\n"+
 		"a flag on the command line wins over its variable.\n\n")
-	fs.VisitAll(func(f *flag.Flag) { fmt.Fprintln(w, usageLine(f)) })
+	fs.VisitAll(func(f *flag.Flag) { fmt.Fprintln(w, usageText(f, envName(f.Name))) })
 	fmt.Fprint(w, "\nUsage: extractedprism status [--health-address host:port] [--env-file path] [--json]\n\n"+
 		"Prints the upstreams of a running daemon, from its /upstreams endpoint; exits 0 when\n"+
 		"all are usable, 1 degraded, 2 none usable, 3 the daemon could not be asked.\n"+
@@ -255,17 +257,10 @@ func printUsage(w io.Writer) {
 		"Run as root: makes DIRECTORY, for --handover-socket, the daemon user's, mode 0700.\n")
 }
 
-// usageLine describes flag f in one line, for example
+// usageText describes flag f in one line, with env as its variable, none
+// if empty, for example
 // "  --health-interval duration  (EP_HEALTH_INTERVAL) Interval between upstream health checks (default 20s)".
 // An empty or false default means "not set" and is not shown.
-func usageLine(f *flag.Flag) string {
-	if f.Name == versionFlag {
-		return usageText(f, "")
-	}
-	return usageText(f, envName(f.Name))
-}
-
-// usageText is usageLine with env as the flag's variable, none if empty.
 func usageText(f *flag.Flag, env string) string {
 	typeName, description := flag.UnquoteUsage(f)
 	line := strings.TrimRight("  --"+f.Name+" "+typeName, " ") + " "
@@ -312,26 +307,13 @@ func (p *portNumber) Set(s string) error {
 	return nil
 }
 
-// violations collects the errors of validate, except those naming a flag
-// whose value was refused: it holds its default, not what was given, and
-// "--health-timeout must be less than --health-interval" against a default
-// the operator never chose would mislead.
-type violations struct {
-	errs    []error
-	refused []string // flag names
-}
+// violations collects the errors of validate; nil ones are dropped.
+type violations []error
 
 // addf records the error flagError(name, format, args...) when bad.
 func (v *violations) addf(bad bool, name, format string, args ...any) {
 	if bad {
-		v.add(flagError(name, format, args...))
-	}
-}
-
-// add records err unless it is nil or names a refused flag.
-func (v *violations) add(err error) {
-	if err != nil && !slices.ContainsFunc(v.refused, func(name string) bool { return strings.Contains(err.Error(), flagRef(name)) }) {
-		v.errs = append(v.errs, err)
+		*v = append(*v, flagError(name, format, args...))
 	}
 }
 
@@ -340,13 +322,18 @@ const hostRule = "must be an IP address or RFC 1123 hostname: got %q"
 
 // validate checks every rule of the configuration and normalizes
 // Endpoints. It reports every violation, one line each, naming the flag and
-// its variable and saying what is allowed, except of the refused flags.
+// its variable and saying what is allowed, except of the refused flags: a
+// refused flag holds its default, not what was given, and "--health-timeout
+// must be less than --health-interval" against a default the operator never
+// chose would mislead.
 func (c *config) validate(refused ...string) error {
-	v := violations{refused: refused}
+	var v violations
 	c.validateAddresses(&v)
 	c.validateTimings(&v)
 	c.validateModes(&v)
-	return errors.Join(v.errs...)
+	return errors.Join(slices.DeleteFunc(v, func(err error) bool {
+		return err == nil || slices.ContainsFunc(refused, func(name string) bool { return strings.Contains(err.Error(), flagRef(name)) })
+	})...)
 }
 
 func (c *config) validateAddresses(v *violations) {
@@ -358,7 +345,7 @@ func (c *config) validateAddresses(v *violations) {
 		c.Endpoints = endpoints
 		err = c.checkOwnListener()
 	}
-	v.add(err) // nil if both passed
+	*v = append(*v, err) // nil if both passed
 	v.addf(c.BindPort < 1 || c.BindPort > 65535, "bind-port", "must be in 1-65535: got %d", c.BindPort)
 	v.addf(c.HealthPort < 1 || c.HealthPort > 65535, "health-port", "must be in 1-65535: got %d", c.HealthPort)
 	// sun_path holds 108 bytes with the NUL, and a hand-over socket is first
@@ -493,30 +480,21 @@ func validHost(s string) bool {
 }
 
 // validHostname reports whether s is an RFC 1123 hostname: at most 253
-// characters of dot-separated labels, in any case. One trailing dot, which
-// marks a fully qualified name (RFC 1035), is allowed.
+// characters of dot-separated labels of 1-63 letters, digits and hyphens
+// that neither start nor end with a hyphen, in any case. One trailing dot,
+// which marks a fully qualified name (RFC 1035), is allowed.
 func validHostname(s string) bool {
 	s = strings.TrimSuffix(s, ".")
-	if s == "" || len(s) > 253 {
-		return false
-	}
 	labels := strings.Split(s, ".")
-	if slices.ContainsFunc(labels, func(l string) bool { return !validLabel(l) }) {
+	if len(s) > 253 || slices.ContainsFunc(labels, func(l string) bool {
+		return len(l) > 63 || len(validation.IsDNS1123Label(strings.ToLower(l))) > 0
+	}) {
 		return false
 	}
 	// RFC 1123 section 2.1: the highest-level label is never all digits,
 	// so a mistyped IPv4 address such as 10.0.0.256 does not pass as a
 	// hostname to fail only when it is dialled.
 	return strings.Trim(labels[len(labels)-1], "0123456789") != ""
-}
-
-// validLabel reports whether label is 1-63 letters, digits and hyphens that
-// neither start nor end with a hyphen.
-func validLabel(label string) bool {
-	if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-		return false
-	}
-	return strings.Trim(strings.ToLower(label), "abcdefghijklmnopqrstuvwxyz0123456789-") == ""
 }
 
 // Levels above slog.LevelError for the three zap level names --log-level

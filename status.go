@@ -247,7 +247,10 @@ func parseStatusFlags(args []string, getenv func(string) string, out io.Writer) 
 	asJSON := set.Bool("json", false, "Print the /upstreams JSON document instead of the table")
 	if err := set.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			printStatusUsage(out, set)
+			fmt.Fprint(out, "Usage: extractedprism status [flags]\n\nPrints the upstreams of a running daemon, from its /upstreams endpoint.\n"+
+				"Exit status: 0 every upstream usable (and ready, with readyz), 1 degraded,\n"+
+				"2 no upstream usable, 3 the daemon could not be asked.\n\n")
+			set.VisitAll(func(f *flag.Flag) { fmt.Fprintln(out, usageText(f, "")) })
 		}
 		return "", false, err
 	}
@@ -257,32 +260,20 @@ func parseStatusFlags(args []string, getenv func(string) string, out io.Writer) 
 	if *addr != "" {
 		return *addr, *asJSON, nil
 	}
-	var file map[string]string
-	if *envFile != "" {
-		var err error
-		file, err = readEnvFile(*envFile)
-		if err != nil && (*envFile != defaultEnvFile || !errors.Is(err, fs.ErrNotExist)) {
-			return "", false, fmt.Errorf("--env-file: %w", err)
-		}
+	// No file, or the default one missing, is no variables.
+	file, err := readEnvFile(*envFile)
+	if err != nil && *envFile != "" && (*envFile != defaultEnvFile || !errors.Is(err, fs.ErrNotExist)) {
+		return "", false, fmt.Errorf("--env-file: %w", err)
 	}
 	lookup := func(k string) string { return cmp.Or(getenv(k), file[k]) }
 	return defaultHealthAddress(lookup), *asJSON, nil
 }
 
-func printStatusUsage(w io.Writer, set *flag.FlagSet) {
-	fmt.Fprint(w, "Usage: extractedprism status [flags]\n\nPrints the upstreams of a running daemon, from its /upstreams endpoint.\n"+
-		"Exit status: 0 every upstream usable (and ready, with readyz), 1 degraded,\n"+
-		"2 no upstream usable, 3 the daemon could not be asked.\n\n")
-	set.VisitAll(func(f *flag.Flag) { fmt.Fprintln(w, usageText(f, "")) })
-}
-
 // readEnvFile returns the EP_ variables of a systemd EnvironmentFile:
-// KEY=VALUE lines, with # or ; comments and optional quotes.
+// KEY=VALUE lines, with # or ; comments and optional quotes. A missing
+// file has none; with any other error they are not to be used.
 func readEnvFile(path string) (map[string]string, error) {
 	data, err := readFileAtMost(path, 1<<20)
-	if err != nil {
-		return nil, err
-	}
 	vars := map[string]string{}
 	for line := range strings.Lines(string(data)) {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
@@ -294,7 +285,7 @@ func readEnvFile(path string) (map[string]string, error) {
 			vars[k] = v
 		}
 	}
-	return vars, nil
+	return vars, err
 }
 
 // fetchUpstreams returns the body of GET /upstreams from addr.
@@ -366,9 +357,9 @@ func escapeJSON(body []byte) []byte {
 		switch {
 		case r == '\r':
 			out = append(out, ' ')
-		case r == utf8.RuneError && n == 1:
-			out = append(out, `\ufffd`...)
-		case r == '\n' || r == '\t' || unicode.IsPrint(r):
+		// An invalid byte decodes as U+FFFD, printable, of width 1: it is
+		// escaped as that character.
+		case r == '\n' || r == '\t' || unicode.IsPrint(r) && (r != utf8.RuneError || n > 1):
 			out = append(out, body[:n]...)
 		default:
 			for _, u := range utf16.Encode([]rune{r}) {
@@ -383,9 +374,8 @@ func escapeJSON(body []byte) []byte {
 // verdict returns nil when every upstream is in its good state, else the
 // exitError of a degraded node or of one with no usable upstream.
 func verdict(doc upstreamsDoc) error {
-	sum := doc.Summary
-	if sum.Usable == 0 {
-		return &exitError{statusNone, fmt.Errorf("status: no upstream usable of %d", sum.Total)}
+	if doc.Summary.Usable == 0 {
+		return &exitError{statusNone, fmt.Errorf("status: no upstream usable of %d", doc.Summary.Total)}
 	}
 	for _, u := range doc.Upstreams {
 		if u.State != stateHealthy && u.State != stateReady {
@@ -422,8 +412,11 @@ func writeStatus(w io.Writer, doc upstreamsDoc, now time.Time) error {
 
 // tableRow returns the cells of s's row, a dash for each empty one.
 func tableRow(s upstreamStatus, now time.Time) []string {
-	row := []string{s.Address, strings.Join(s.Sources, ","), stateWord(s), age(now, s.StateSince), strconv.Itoa(s.FailStreak),
+	row := []string{s.Address, strings.Join(s.Sources, ","), s.State, age(now, s.StateSince), strconv.Itoa(s.FailStreak),
 		"", "", strconv.Itoa(s.Connections), strconv.Itoa(s.LongLived), "", "", ""}
+	if s.State == stateReady && s.AwaitingProbe { // avoided after a failed probe or connect
+		row[2] = "ready-awaiting-probe"
+	}
 	if s.RTTSeconds != nil {
 		row[5] = time.Duration(*s.RTTSeconds * float64(time.Second)).Round(10 * time.Microsecond).String()
 	}
@@ -457,29 +450,6 @@ func age(now time.Time, t *time.Time) string {
 		return ""
 	}
 	return max(now.Sub(*t), 0).Round(time.Second).String()
-}
-
-// stateWord is s's state, with the detail of a ready upstream avoided
-// after a failed probe or connect.
-func stateWord(s upstreamStatus) string {
-	if s.State == stateReady && s.AwaitingProbe {
-		return "ready-awaiting-probe"
-	}
-	return s.State
-}
-
-func readyWord(s upstreamStatus) string {
-	switch {
-	case s.Ready == nil:
-		return ""
-	case s.ReadyPending:
-		return "pending"
-	case *s.Ready && s.AwaitingProbe:
-		return "ready-awaiting-probe"
-	case *s.Ready:
-		return "ready"
-	}
-	return "not-ready"
 }
 
 // dialableHost maps a wildcard address to the loopback of its family.

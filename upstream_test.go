@@ -913,7 +913,7 @@ func TestReadyUpstreamAfterOneFailure(t *testing.T) {
 				if got := picks(tp.pool, 200); got[b] != 200 {
 					t.Errorf("after %s of a: picks %v; want b only", fault.name, got)
 				}
-				if got := readyWord(tp.describe(nil)[0]); got != "ready-awaiting-probe" || !tp.health(a).ready() {
+				if got := tableRow(tp.describe(nil)[0], time.Now())[2]; got != "ready-awaiting-probe" || !tp.health(a).ready() {
 					t.Errorf("a in /upstreams after %s: got %q; want ready-awaiting-probe", fault.name, got)
 				}
 				fault.set(tp.checks, false)
@@ -922,7 +922,7 @@ func TestReadyUpstreamAfterOneFailure(t *testing.T) {
 				if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
 					t.Errorf("a's next probe passed: picks %v; want both", got)
 				}
-				if got := readyWord(tp.describe(nil)[0]); got != "ready" {
+				if got := tableRow(tp.describe(nil)[0], time.Now())[2]; got != "ready" {
 					t.Errorf("a's readiness in /upstreams after its probe passed: got %q; want ready", got)
 				}
 			})
