@@ -266,8 +266,8 @@ func nextReconnectStep(end watchEnd, long, rewatch bool) reconnectStep {
 // merged provider does (see mergedProvider).
 type kubeWatcher struct {
 	client sliceClient // nil until connect succeeds
-	// connect builds the client when the credentials did not load at
-	// start; run retries it (awaitClient).
+	// connect builds the client; run retries it while client is nil,
+	// when the credentials did not load at start (awaitClient).
 	connect func() (sliceClient, error)
 	log     *slog.Logger
 	errors  prometheus.Counter
