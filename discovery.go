@@ -10,6 +10,7 @@ package main
 // the run loop, on one notify channel, that their union may have changed.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -475,14 +476,14 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) (time.Duratio
 			return time.Since(opened), nil
 		case ev, ok := <-watcher.ResultChan():
 			switch {
-			case !ok:
+			// An error event once ctx is done is the stream reporting its
+			// own cancellation.
+			case !ok || (ev.Type == watch.Error && ctx.Err() != nil):
 				return time.Since(opened), nil
 			case ev.Type != watch.Error:
 				if w.apply(ev) {
 					w.publish()
 				}
-			case ctx.Err() != nil: // the stream reports its own cancellation as an error
-				return time.Since(opened), nil
 			case streamBroke(ev.Object):
 				w.log.Debug("watch stream broke", "err", apierrors.FromObject(ev.Object))
 				return time.Since(opened), nil
@@ -542,9 +543,7 @@ func (w *kubeWatcher) apply(ev watch.Event) bool {
 		w.log.Debug("ignoring watch event", "type", ev.Type, "object", fmt.Sprintf("%T", ev.Object))
 		return false
 	}
-	if slice.ResourceVersion != "" {
-		w.resourceVersion = slice.ResourceVersion
-	}
+	w.resourceVersion = cmp.Or(slice.ResourceVersion, w.resourceVersion)
 	switch ev.Type {
 	case watch.Added, watch.Modified:
 		w.cache[slice.Name] = slice
@@ -581,7 +580,7 @@ func (w *kubeWatcher) publish() {
 		return
 	}
 	w.emptyWarned = false
-	if w.sent != nil && slices.Equal(endpoints, w.sent) {
+	if slices.Equal(endpoints, w.sent) { // never equal to nil: endpoints is not empty
 		return
 	}
 	w.publishFn(endpoints)
