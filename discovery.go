@@ -27,7 +27,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 )
 
@@ -305,7 +304,6 @@ func (w *kubeWatcher) name() string { return kubeProviderName }
 // returns an error: failures are retried, counted and logged.
 func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 	w.publishFn = publish
-	w.cache, w.resourceVersion, w.sent = nil, "", nil
 	w.backoff = backoff{first: backoffInitial, limit: backoffMax}
 	defer w.closeIdle()
 	if !w.awaitClient(ctx) || !w.listUntilDone(ctx) {
@@ -484,7 +482,7 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) (time.Duratio
 				if w.apply(ev) {
 					w.publish()
 				}
-			case streamBroke(ev.Object):
+			case streamBroke(apierrors.FromObject(ev.Object)):
 				w.log.Debug("watch stream broke", "err", apierrors.FromObject(ev.Object))
 				return time.Since(opened), nil
 			default:
@@ -505,21 +503,16 @@ const clientWatchDecoding = "ClientWatchDecoding"
 // closed".
 const lostConnection = "http2: client connection "
 
-// streamBroke reports whether obj, the object of a watch error event, is
-// client-go's report that the stream's connection was lost, rather than an
-// error the API server sent. client-go ends most dropped connections
-// quietly but reports these as an error event; the spec counts a dropped
-// connection as a stream ending, not as an error. Other read errors, such as
-// an event that does not decode, stay errors: they would recur on the next
-// watch from the same resource version.
-func streamBroke(obj runtime.Object) bool {
-	st, ok := obj.(*metav1.Status)
-	if !ok || st.Details == nil {
-		return false
-	}
-	return slices.ContainsFunc(st.Details.Causes, func(c metav1.StatusCause) bool {
-		return c.Type == clientWatchDecoding && strings.Contains(c.Message, lostConnection)
-	})
+// streamBroke reports whether err, from a watch error event, is client-go's
+// report that the stream's connection was lost, rather than an error the
+// API server sent. client-go ends most dropped connections quietly but
+// reports these as an error event; the spec counts a dropped connection as
+// a stream ending, not as an error. Other read errors, such as an event
+// that does not decode, stay errors: they would recur on the next watch
+// from the same resource version.
+func streamBroke(err error) bool {
+	cause, ok := apierrors.StatusCause(err, clientWatchDecoding)
+	return ok && strings.Contains(cause.Message, lostConnection)
 }
 
 // watchEndOf classifies how a watch attempt ended from watchOnce's error.
