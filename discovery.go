@@ -318,14 +318,16 @@ func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 		if ctx.Err() != nil {
 			return nil // cancellation is shutdown, not a provider failure
 		}
-		end := watchEndOf(err)
-		switch end {
-		case endError:
+		end := endClosed
+		switch {
+		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+			end = endGone
+			w.log.Info("endpointslice resource version expired, re-listing", "err", err, "open", open)
+		case err != nil:
+			end = endError
 			w.errors.Inc()
 			w.logFailure("endpointslice watch failed", err, "open", open)
-		case endGone:
-			w.log.Info("endpointslice resource version expired, re-listing", "err", err, "open", open)
-		case endClosed:
+		default:
 			w.log.Debug("endpointslice watch closed", "open", open)
 		}
 		long := open >= longWatch
@@ -515,17 +517,6 @@ func streamBroke(err error) bool {
 	return ok && strings.Contains(cause.Message, lostConnection)
 }
 
-// watchEndOf classifies how a watch attempt ended from watchOnce's error.
-func watchEndOf(err error) watchEnd {
-	switch {
-	case err == nil:
-		return endClosed
-	case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
-		return endGone
-	}
-	return endError
-}
-
 // apply updates the cache and resource version from a watch event and
 // reports whether the cache changed. A bookmark carries only a newer
 // resource version, which keeps the next watch from starting so far back
@@ -553,12 +544,10 @@ func (w *kubeWatcher) apply(ev watch.Event) bool {
 // they differ from the last list published.
 func (w *kubeWatcher) publish() {
 	endpoints, rejected := endpointsOf(w.cache)
-	if !slices.Equal(rejected, w.rejected) {
-		w.rejected = rejected
-		if len(rejected) > 0 {
-			w.log.Warn("ignoring discovered slices or addresses that cannot be API servers", "count", len(rejected), "ignored", rejected[:min(len(rejected), 8)])
-		}
+	if len(rejected) > 0 && !slices.Equal(rejected, w.rejected) {
+		w.log.Warn("ignoring discovered slices or addresses that cannot be API servers", "count", len(rejected), "ignored", rejected[:min(len(rejected), 8)])
 	}
+	w.rejected = rejected
 	if len(endpoints) == 0 {
 		// An empty list still came from a live API server, the one
 		// that answered: most likely every API server restarted at
