@@ -47,13 +47,12 @@ func (c *endpointCache) load() ([]string, error) {
 		return nil, fmt.Errorf("read endpoint cache: %w", err)
 	}
 	var f cacheFile
-	if err := json.Unmarshal(b, &f); err != nil {
+	switch err := json.Unmarshal(b, &f); {
+	case err != nil:
 		return nil, fmt.Errorf("parse endpoint cache %s: %w", c.path, err)
-	}
-	if f.Version != cacheVersion {
+	case f.Version != cacheVersion:
 		return nil, fmt.Errorf("endpoint cache %s: version %d, want %d", c.path, f.Version, cacheVersion)
-	}
-	if len(f.Endpoints) > maxDiscoveredEndpoints {
+	case len(f.Endpoints) > maxDiscoveredEndpoints:
 		return nil, fmt.Errorf("endpoint cache %s: %d endpoints, more than discovery ever keeps (%d)", c.path, len(f.Endpoints), maxDiscoveredEndpoints)
 	}
 	for i, e := range f.Endpoints {

@@ -10,9 +10,11 @@ package main
 // the run loop, on one notify channel, that their union may have changed.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -25,7 +27,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 )
 
@@ -100,25 +101,10 @@ func (mp *mergedProvider) publish(name string, list []string) {
 	}
 }
 
-// countsLocked reports whether source name's list is part of the union: the
-// cache's only until the kubernetes provider has published.
-func (mp *mergedProvider) countsLocked(name string) bool {
-	_, discovered := mp.lists[kubeProviderName]
-	return name != cacheProviderName || !discovered
-}
-
-// endpoints returns the sorted, deduplicated union of the lists that count.
+// endpoints returns the sorted union of the lists that count (see
+// sources).
 func (mp *mergedProvider) endpoints() []string {
-	mp.mu.Lock()
-	defer mp.mu.Unlock()
-	var all []string
-	for name, list := range mp.lists {
-		if mp.countsLocked(name) {
-			all = append(all, list...)
-		}
-	}
-	slices.Sort(all)
-	return slices.Compact(all)
+	return slices.Sorted(maps.Keys(mp.sources()))
 }
 
 // discovered is the kubernetes provider's latest list, sorted; nil if it
@@ -130,13 +116,15 @@ func (mp *mergedProvider) discovered() []string {
 }
 
 // sources maps each endpoint of the union to the sources that list it, for
-// /upstreams.
+// /upstreams. The cache's list counts only until the kubernetes provider
+// has published.
 func (mp *mergedProvider) sources() map[string][]string {
 	mp.mu.Lock()
 	defer mp.mu.Unlock()
+	_, discovered := mp.lists[kubeProviderName]
 	out := map[string][]string{}
 	for _, name := range mp.order {
-		if !mp.countsLocked(name) {
+		if name == cacheProviderName && discovered {
 			continue
 		}
 		for _, addr := range mp.lists[name] {
@@ -267,13 +255,6 @@ func nextReconnectStep(end watchEnd, long, rewatch bool) reconnectStep {
 	}
 }
 
-// watchResult describes one watch attempt.
-type watchResult struct {
-	end  watchEnd
-	open time.Duration // how long the stream was open; zero if the Watch call failed
-	err  error         // why, for endError and endGone
-}
-
 // kubeWatcher is the kubernetes provider. It lists the EndpointSlices of the
 // default/kubernetes Service, watches them from the list's resource version,
 // and publishes the ready API server addresses they name when they change.
@@ -285,8 +266,8 @@ type watchResult struct {
 // merged provider does (see mergedProvider).
 type kubeWatcher struct {
 	client sliceClient // nil until connect succeeds
-	// connect builds the client when the credentials did not load at
-	// start; run retries it (awaitClient).
+	// connect builds the client; run retries it while client is nil,
+	// when the credentials did not load at start (awaitClient).
 	connect func() (sliceClient, error)
 	log     *slog.Logger
 	errors  prometheus.Counter
@@ -323,7 +304,6 @@ func (w *kubeWatcher) name() string { return kubeProviderName }
 // returns an error: failures are retried, counted and logged.
 func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 	w.publishFn = publish
-	w.cache, w.resourceVersion, w.sent = nil, "", nil
 	w.backoff = backoff{first: backoffInitial, limit: backoffMax}
 	defer w.closeIdle()
 	if !w.awaitClient(ctx) || !w.listUntilDone(ctx) {
@@ -334,39 +314,39 @@ func (w *kubeWatcher) run(ctx context.Context, publish func([]string)) error {
 	// long watch itself.
 	rewatch := false
 	for {
-		res := w.watchOnce(ctx, rewatch)
+		open, err := w.watchOnce(ctx, rewatch)
 		if ctx.Err() != nil {
 			return nil // cancellation is shutdown, not a provider failure
 		}
-		switch res.end {
-		case endError:
+		end := endClosed
+		switch {
+		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+			end = endGone
+			w.log.Info("endpointslice resource version expired, re-listing", "err", err, "open", open)
+		case err != nil:
+			end = endError
 			w.errors.Inc()
-			w.logFailure("endpointslice watch failed", res.err, "open", res.open)
-		case endGone:
-			w.log.Info("endpointslice resource version expired, re-listing", "err", res.err, "open", res.open)
-		case endClosed:
-			w.log.Debug("endpointslice watch closed", "open", res.open)
+			w.logFailure("endpointslice watch failed", err, "open", open)
+		default:
+			w.log.Debug("endpointslice watch closed", "open", open)
 		}
-		long := res.open >= longWatch
-		next := nextReconnectStep(res.end, long, rewatch)
-		rewatch = res.end == endClosed && long
+		long := open >= longWatch
+		next := nextReconnectStep(end, long, rewatch)
+		rewatch = end == endClosed && long
 		if next.resetBackoff {
 			w.backoff.reset()
 		}
 		if next.relist && !w.listUntilDone(ctx) {
 			return nil
 		}
-		if next.wait && !w.backOff(ctx) {
-			return nil
+		if next.wait {
+			d := w.delay()
+			w.log.Info("backing off before the next endpointslice watch", "delay", d)
+			if !await(ctx.Done(), d) {
+				return nil
+			}
 		}
 	}
-}
-
-// backOff sleeps the next backoff delay and reports false if ctx ended first.
-func (w *kubeWatcher) backOff(ctx context.Context) bool {
-	d := w.delay()
-	w.log.Info("backing off before the next endpointslice watch", "delay", d)
-	return await(ctx.Done(), d)
 }
 
 // delay returns the next reconnect delay: 1 s doubling up to 30 s, each
@@ -467,9 +447,11 @@ func (w *kubeWatcher) list(ctx context.Context) error {
 }
 
 // watchOnce opens one watch from the current resource version and applies
-// its events until it ends. routine marks the re-open after a normal close,
-// which is logged at Debug only.
-func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) watchResult {
+// its events until it ends. It returns how long the stream was open (zero
+// if the Watch call failed) and, unless the stream just closed, why it
+// ended. routine marks the re-open after a normal close, which is logged at
+// Debug only.
+func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) (time.Duration, error) {
 	timeout := watchTimeoutMin + time.Duration(float64(watchTimeoutMin)*w.rand())
 	timeoutSeconds := int64(timeout / time.Second)
 	ctx, cancel := context.WithTimeout(ctx, timeout+watchDeadlineGrace)
@@ -478,7 +460,7 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) watchResult {
 		LabelSelector: kubeServiceSelector, ResourceVersion: w.resourceVersion, AllowWatchBookmarks: true, TimeoutSeconds: &timeoutSeconds,
 	})
 	if err != nil {
-		return failedWatch(err, 0)
+		return 0, err
 	}
 	defer watcher.Stop()
 	w.running.Set(1)
@@ -488,27 +470,25 @@ func (w *kubeWatcher) watchOnce(ctx context.Context, routine bool) watchResult {
 		level = slog.LevelDebug
 	}
 	w.log.Log(ctx, level, "watching endpointslices", "resourceVersion", w.resourceVersion)
-
-	closed := func() watchResult { return watchResult{end: endClosed, open: time.Since(opened)} }
 	for {
 		select {
 		case <-ctx.Done(): // cancellation, or the client deadline on a silent stream
-			return closed()
+			return time.Since(opened), nil
 		case ev, ok := <-watcher.ResultChan():
 			switch {
-			case !ok:
-				return closed()
+			// An error event once ctx is done is the stream reporting its
+			// own cancellation.
+			case !ok || (ev.Type == watch.Error && ctx.Err() != nil):
+				return time.Since(opened), nil
 			case ev.Type != watch.Error:
 				if w.apply(ev) {
 					w.publish()
 				}
-			case ctx.Err() != nil: // the stream reports its own cancellation as an error
-				return closed()
-			case streamBroke(ev.Object):
+			case streamBroke(apierrors.FromObject(ev.Object)):
 				w.log.Debug("watch stream broke", "err", apierrors.FromObject(ev.Object))
-				return closed()
+				return time.Since(opened), nil
 			default:
-				return failedWatch(apierrors.FromObject(ev.Object), time.Since(opened))
+				return time.Since(opened), apierrors.FromObject(ev.Object)
 			}
 		}
 	}
@@ -525,30 +505,16 @@ const clientWatchDecoding = "ClientWatchDecoding"
 // closed".
 const lostConnection = "http2: client connection "
 
-// streamBroke reports whether obj, the object of a watch error event, is
-// client-go's report that the stream's connection was lost, rather than an
-// error the API server sent. client-go ends most dropped connections
-// quietly but reports these as an error event; the spec counts a dropped
-// connection as a stream ending, not as an error. Other read errors, such as
-// an event that does not decode, stay errors: they would recur on the next
-// watch from the same resource version.
-func streamBroke(obj runtime.Object) bool {
-	st, ok := obj.(*metav1.Status)
-	if !ok || st.Details == nil {
-		return false
-	}
-	return slices.ContainsFunc(st.Details.Causes, func(c metav1.StatusCause) bool {
-		return c.Type == clientWatchDecoding && strings.Contains(c.Message, lostConnection)
-	})
-}
-
-// failedWatch classifies a failed Watch call or a watch error event.
-func failedWatch(err error, open time.Duration) watchResult {
-	end := endError
-	if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
-		end = endGone
-	}
-	return watchResult{end: end, open: open, err: err}
+// streamBroke reports whether err, from a watch error event, is client-go's
+// report that the stream's connection was lost, rather than an error the
+// API server sent. client-go ends most dropped connections quietly but
+// reports these as an error event; the spec counts a dropped connection as
+// a stream ending, not as an error. Other read errors, such as an event
+// that does not decode, stay errors: they would recur on the next watch
+// from the same resource version.
+func streamBroke(err error) bool {
+	cause, ok := apierrors.StatusCause(err, clientWatchDecoding)
+	return ok && strings.Contains(cause.Message, lostConnection)
 }
 
 // apply updates the cache and resource version from a watch event and
@@ -561,9 +527,7 @@ func (w *kubeWatcher) apply(ev watch.Event) bool {
 		w.log.Debug("ignoring watch event", "type", ev.Type, "object", fmt.Sprintf("%T", ev.Object))
 		return false
 	}
-	if slice.ResourceVersion != "" {
-		w.resourceVersion = slice.ResourceVersion
-	}
+	w.resourceVersion = cmp.Or(slice.ResourceVersion, w.resourceVersion)
 	switch ev.Type {
 	case watch.Added, watch.Modified:
 		w.cache[slice.Name] = slice
@@ -580,12 +544,10 @@ func (w *kubeWatcher) apply(ev watch.Event) bool {
 // they differ from the last list published.
 func (w *kubeWatcher) publish() {
 	endpoints, rejected := endpointsOf(w.cache)
-	if !slices.Equal(rejected, w.rejected) {
-		w.rejected = rejected
-		if len(rejected) > 0 {
-			w.log.Warn("ignoring discovered slices or addresses that cannot be API servers", "count", len(rejected), "ignored", rejected[:min(len(rejected), 8)])
-		}
+	if len(rejected) > 0 && !slices.Equal(rejected, w.rejected) {
+		w.log.Warn("ignoring discovered slices or addresses that cannot be API servers", "count", len(rejected), "ignored", rejected[:min(len(rejected), 8)])
 	}
+	w.rejected = rejected
 	if len(endpoints) == 0 {
 		// An empty list still came from a live API server, the one
 		// that answered: most likely every API server restarted at
@@ -600,7 +562,7 @@ func (w *kubeWatcher) publish() {
 		return
 	}
 	w.emptyWarned = false
-	if w.sent != nil && slices.Equal(endpoints, w.sent) {
+	if slices.Equal(endpoints, w.sent) { // never equal to nil: endpoints is not empty
 		return
 	}
 	w.publishFn(endpoints)
@@ -706,16 +668,11 @@ func unusableAddr(ip netip.Addr) string {
 // elsewhere: a wrong port would send traffic to something that is not an API
 // server.
 func slicePort(ports []discoveryv1.EndpointPort) (string, bool) {
-	valid := func(p discoveryv1.EndpointPort) bool {
-		return p.Port != nil && *p.Port > 0 && *p.Port <= 65535
-	}
 	for _, p := range ports {
-		if p.Name != nil && *p.Name == kubeServicePortName && valid(p) {
+		named := p.Name != nil && *p.Name == kubeServicePortName
+		if (named || len(ports) == 1) && p.Port != nil && *p.Port > 0 && *p.Port <= 65535 {
 			return strconv.Itoa(int(*p.Port)), true
 		}
-	}
-	if len(ports) == 1 && valid(ports[0]) {
-		return strconv.Itoa(int(*ports[0].Port)), true
 	}
 	return "", false
 }

@@ -69,9 +69,7 @@ func newKubernetesProvider(cfg kubeProviderConfig, log *slog.Logger, m *metrics)
 		return nil, err
 	}
 	w := newKubeWatcher(client, log, m, rand.Float64)
-	if err != nil {
-		w.connect = connect
-	}
+	w.connect = connect
 	return w, nil
 }
 
@@ -79,10 +77,7 @@ func newKubernetesProvider(cfg kubeProviderConfig, log *slog.Logger, m *metrics)
 // client-go's generated clientset would work as well, but it links a typed
 // client for every API group, which costs about 12 MB of binary and several
 // MiB of memory in every node's copy of this daemon.
-type restSliceClient struct {
-	rc     *rest.RESTClient
-	params runtime.ParameterCodec
-}
+type restSliceClient struct{ rc *rest.RESTClient }
 
 func newRESTSliceClient(cfg *rest.Config) (*restSliceClient, error) {
 	scheme := runtime.NewScheme()
@@ -100,7 +95,7 @@ func newRESTSliceClient(cfg *rest.Config) (*restSliceClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &restSliceClient{rc: rc, params: runtime.NewParameterCodec(scheme)}, nil
+	return &restSliceClient{rc: rc}, nil
 }
 
 // dropIdle closes the client's idle connections after a failed request, so
@@ -119,7 +114,7 @@ var errWatchNotOpened = errors.New("watch request failed before a stream opened 
 // client-go would otherwise retry a failed request up to 10 times a second
 // apart, hidden from the caller, and the watcher's backoff would not hold.
 func (c *restSliceClient) get(namespace string, opts *metav1.ListOptions) *rest.Request {
-	return c.rc.Get().MaxRetries(0).Namespace(namespace).Resource("endpointslices").VersionedParams(opts, c.params)
+	return c.rc.Get().MaxRetries(0).Namespace(namespace).Resource("endpointslices").VersionedParams(opts, metav1.ParameterCodec)
 }
 
 func (c *restSliceClient) List(ctx context.Context, namespace string, opts metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
@@ -134,14 +129,13 @@ func (c *restSliceClient) List(ctx context.Context, namespace string, opts metav
 func (c *restSliceClient) Watch(ctx context.Context, namespace string, opts metav1.ListOptions) (watch.Interface, error) {
 	opts.Watch = true
 	w, err := c.get(namespace, &opts).Watch(ctx)
+	if _, ok := w.(*watch.StreamWatcher); err == nil && !ok {
+		w.Stop() // the empty watch client-go returns for a failed request
+		err = errWatchNotOpened
+	}
 	if err != nil {
 		c.dropIdle()
 		return nil, err
-	}
-	if _, ok := w.(*watch.StreamWatcher); !ok {
-		w.Stop() // the empty watch client-go returns for a failed request
-		c.dropIdle()
-		return nil, errWatchNotOpened
 	}
 	return w, nil
 }

@@ -660,7 +660,7 @@ func TestApplySkipsEmptyAndUnchangedUnions(t *testing.T) {
 		log := slog.New(slog.NewTextHandler(logs, nil))
 		m := newMetrics(prometheus.NewRegistry())
 		d := &daemon{log: log, listen: "127.0.0.1:7445", cache: &endpointCache{},
-			pool: newPool(log, m, defaultTestPool, newFakeChecks().check, randomSelector{}), discovery: newMergedProvider(log, m, static, nil)}
+			pool: newPool(log, m, defaultTestPool, newFakeChecks().check, randomSelector{}), discovery: newMergedProvider(log, m, static, nil, newScripted(kubeProviderName, nil))}
 		defer d.pool.close()
 		toCache := make(chan []string, 1)
 		var applied []string
