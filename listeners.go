@@ -38,6 +38,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -155,7 +156,9 @@ func (o opened) close() {
 // it over is not accepted on until openOnUsable or follow opens its gate.
 func (d *daemon) outlive(s opened) (err error) {
 	d.activated, d.predecessor = s.lbPassed, s.predecessor
-	d.lb, d.health = newGate(s.lb, !s.lbShared), newGate(s.health, true)
+	d.lb = newSteadyListener(s.lb, d.proxy.log, "", &d.proxy.stalledSince)
+	d.lb.set(!s.lbShared)
+	d.health = newSteadyListener(s.health, d.log, "health server ", new(atomic.Int64))
 	if d.cfg.HandoverSocket != "" {
 		if d.handover, err = listenHandover(d.cfg.HandoverSocket, d.log.With("component", "handover"), d.lb, d.health); err != nil {
 			return err
