@@ -103,7 +103,7 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opene
 		log.Warn("no hand-over from the running instance; opening the listening sockets", "socket", cfg.HandoverSocket, "err", err)
 	}
 	if c != nil {
-		if o, ok := adopt(ctx, cfg, log, c, pid, onPorts(lns, log, cfg.BindPort, cfg.HealthPort)); ok {
+		if o, ok := adopt(ctx, cfg, log, c, pid, lns); ok {
 			return o, nil
 		}
 		_ = c.Close()
@@ -118,21 +118,29 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opene
 	return o, err
 }
 
-// adopt makes lns, the sockets of the running instance (process pid) on
-// the flags' ports, its listeners, and acknowledges them on c, naming
-// their ports: an acknowledgement means they are adopted. ok false, with
-// lns closed, when none is or they cannot be; c then gets no answer.
+// adopt makes those of lns, the sockets of the running instance (process
+// pid), that are on the flags' ports its listeners, and acknowledges them on
+// c, naming their ports: an acknowledgement means they are adopted. The
+// others it closes: after an upgrade that moves a port, the old port's
+// socket stays the old instance's, and the new one opens its own. ok false,
+// with lns closed, when none is on the flags' ports or they cannot be
+// adopted; c then gets no answer.
 func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, pid int, lns []*net.TCPListener) (o opened, ok bool) {
-	if len(lns) == 0 {
-		return opened{}, false
-	}
+	var kept []*net.TCPListener
 	var ports []string
 	for _, ln := range lns {
-		ports = append(ports, strconv.Itoa(listenPort(ln)))
+		if port := listenPort(ln); port == cfg.BindPort || port == cfg.HealthPort {
+			kept, ports = append(kept, ln), append(ports, strconv.Itoa(port))
+			continue
+		}
+		log.Info("not taking the running instance's socket: the flags name another port", "address", ln.Addr().String())
+		_ = ln.Close()
 	}
-	o.lbShared = slices.Contains(ports, strconv.Itoa(cfg.BindPort))
+	if len(kept) == 0 {
+		return opened{}, false
+	}
 	var err error
-	if o.lb, o.health, _, err = listen(ctx, cfg, lns); err != nil {
+	if o.lb, o.health, o.lbShared, err = listen(ctx, cfg, kept); err != nil {
 		log.Warn("the running instance's listening sockets are not where the flags say; opening them", "err", err)
 		return opened{}, false
 	}
@@ -148,22 +156,6 @@ func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, 
 	}
 	log.Info(msg, "pid", pid, "ports", ports, "listen", o.lb.Addr().String(), "health", o.health.Addr().String())
 	return o, true
-}
-
-// onPorts keeps the listeners on ports and closes the others: after an
-// upgrade that moves a port, the old port's socket stays the old
-// instance's, and the new one opens its own.
-func onPorts(lns []*net.TCPListener, log *slog.Logger, ports ...int) []*net.TCPListener {
-	var kept []*net.TCPListener
-	for _, ln := range lns {
-		if slices.Contains(ports, listenPort(ln)) {
-			kept = append(kept, ln)
-			continue
-		}
-		log.Info("not taking the running instance's socket: the flags name another port", "address", ln.Addr().String())
-		_ = ln.Close()
-	}
-	return kept
 }
 
 // listenPort returns the port ln listens on, 0 if it is not a TCP one.
