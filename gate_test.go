@@ -2,22 +2,27 @@ package main
 
 import (
 	"errors"
+	"log/slog"
 	"net"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
 // TestGate: a shut gate holds Accept, and a client waits in the backlog
-// until it opens; the accept loop's own deadline still ends an Accept
-// while it is open; shutting holds an Accept already waiting; closing ends
-// an Accept held by a shut gate.
+// until it opens; shutting holds an Accept already waiting; closing ends
+// an Accept held by a shut gate. (TestGateKeepsTheTrysDeadline: the
+// accept loop's own deadline still ends an Accept while it is open.)
 func TestGate(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := newGate(ln, false)
+	g := newSteadyListener(ln, slog.New(slog.DiscardHandler), "", new(atomic.Int64))
+	g.set(false)
 	defer g.Close()
 	type accepted struct {
 		c   net.Conn
@@ -39,11 +44,6 @@ func TestGate(t *testing.T) {
 	if r := <-results; r.err != nil || r.c.RemoteAddr().String() != c.LocalAddr().String() {
 		t.Fatalf("once open: got %v, %v; want the waiting client", r.c, r.err)
 	}
-	_ = g.SetDeadline(time.Now().Add(-time.Second))
-	if _, err := g.Accept(); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Errorf("open, past the accept loop's deadline: got %v; want a deadline error", err)
-	}
-	_ = g.SetDeadline(time.Time{})
 	// Shutting the gate on an Accept that waits, or is about to, holds it
 	// without an error; it then takes the next client once open.
 	go acceptOnce()
@@ -69,4 +69,71 @@ func TestGate(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("closing did not end an Accept held by a shut gate")
 	}
+}
+
+// TestGateKeepsTheTrysDeadline: a gate shut and opened again while Accept
+// fails keeps the deadline of the accept loop's next try, so the stall
+// still ends with nobody dialling (TestServeRecoversWithoutClient).
+func TestGateKeepsTheTrysDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ln := &lockedDeadlineListener{pipeListener: newPipeListener(), failures: 1}
+		stalled := new(atomic.Int64)
+		g := newSteadyListener(ln, slog.New(slog.DiscardHandler), "", stalled)
+		done := make(chan error, 1)
+		go func() { _, err := g.Accept(); done <- err }()
+		synctest.Wait()
+		if stalled.Load() == 0 {
+			t.Fatal("accept stall: got none while Accept fails; want one")
+		}
+		g.set(false)
+		time.Sleep(time.Second)
+		g.set(true)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if stalled.Load() != 0 {
+			t.Error("accept still stalled after the gate opened again with Accept working; want the stall ended")
+		}
+		_ = g.Close()
+		if err := <-done; !errors.Is(err, net.ErrClosed) {
+			t.Errorf("Accept after Close: got %v; want net.ErrClosed", err)
+		}
+	})
+}
+
+// lockedDeadlineListener fails its first failures Accepts with EMFILE,
+// unless its deadline has passed, and then waits for its deadline or for
+// ever, nobody dialling.
+type lockedDeadlineListener struct {
+	*pipeListener
+	mu       sync.Mutex
+	failures int
+	deadline time.Time
+}
+
+func (l *lockedDeadlineListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	deadline, fail := l.deadline, l.failures > 0
+	passed := !deadline.IsZero() && !time.Now().Before(deadline)
+	if fail && !passed {
+		l.failures--
+	}
+	l.mu.Unlock()
+	switch {
+	case passed:
+	case fail:
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", errEMFILE())}
+	case deadline.IsZero():
+		<-l.closed
+		return nil, net.ErrClosed
+	default:
+		time.Sleep(time.Until(deadline))
+	}
+	return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.ErrDeadlineExceeded}
+}
+
+func (l *lockedDeadlineListener) SetDeadline(t time.Time) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.deadline = t
+	return nil
 }

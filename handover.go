@@ -10,7 +10,7 @@ package main
 // sockets until the old one gets SIGTERM, except that the old one stops
 // taking health probes, so /readyz is the new one's, and the new one takes
 // proxied connections only once its own check passed an upstream
-// (gate.go). The old one's close then drops
+// (steadylistener.go). The old one's close then drops
 // a reference, not the socket: a connection waiting in the accept queue
 // stays there for the new one. SO_REUSEPORT, the other way to overlap,
 // gives each process a queue of its own, and the kernel resets what waits
@@ -103,7 +103,7 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opene
 		log.Warn("no hand-over from the running instance; opening the listening sockets", "socket", cfg.HandoverSocket, "err", err)
 	}
 	if c != nil {
-		if o, ok := adopt(ctx, cfg, log, c, pid, onPorts(lns, log, cfg.BindPort, cfg.HealthPort)); ok {
+		if o, ok := adopt(ctx, cfg, log, c, pid, lns); ok {
 			return o, nil
 		}
 		_ = c.Close()
@@ -118,21 +118,29 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opene
 	return o, err
 }
 
-// adopt makes lns, the sockets of the running instance (process pid) on
-// the flags' ports, its listeners, and acknowledges them on c, naming
-// their ports: an acknowledgement means they are adopted. ok false, with
-// lns closed, when none is or they cannot be; c then gets no answer.
+// adopt makes those of lns, the sockets of the running instance (process
+// pid), that are on the flags' ports its listeners, and acknowledges them on
+// c, naming their ports: an acknowledgement means they are adopted. The
+// others it closes: after an upgrade that moves a port, the old port's
+// socket stays the old instance's, and the new one opens its own. ok false,
+// with lns closed, when none is on the flags' ports or they cannot be
+// adopted; c then gets no answer.
 func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, pid int, lns []*net.TCPListener) (o opened, ok bool) {
-	if len(lns) == 0 {
-		return opened{}, false
-	}
+	var kept []*net.TCPListener
 	var ports []string
 	for _, ln := range lns {
-		ports = append(ports, strconv.Itoa(listenPort(ln)))
+		if port := listenPort(ln); port == cfg.BindPort || port == cfg.HealthPort {
+			kept, ports = append(kept, ln), append(ports, strconv.Itoa(port))
+			continue
+		}
+		log.Info("not taking the running instance's socket: the flags name another port", "address", ln.Addr().String())
+		_ = ln.Close()
 	}
-	o.lbShared = slices.Contains(ports, strconv.Itoa(cfg.BindPort))
+	if len(kept) == 0 {
+		return opened{}, false
+	}
 	var err error
-	if o.lb, o.health, _, err = listen(ctx, cfg, lns); err != nil {
+	if o.lb, o.health, o.lbShared, err = listen(ctx, cfg, kept); err != nil {
 		log.Warn("the running instance's listening sockets are not where the flags say; opening them", "err", err)
 		return opened{}, false
 	}
@@ -148,22 +156,6 @@ func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, 
 	}
 	log.Info(msg, "pid", pid, "ports", ports, "listen", o.lb.Addr().String(), "health", o.health.Addr().String())
 	return o, true
-}
-
-// onPorts keeps the listeners on ports and closes the others: after an
-// upgrade that moves a port, the old port's socket stays the old
-// instance's, and the new one opens its own.
-func onPorts(lns []*net.TCPListener, log *slog.Logger, ports ...int) []*net.TCPListener {
-	var kept []*net.TCPListener
-	for _, ln := range lns {
-		if slices.Contains(ports, listenPort(ln)) {
-			kept = append(kept, ln)
-			continue
-		}
-		log.Info("not taking the running instance's socket: the flags name another port", "address", ln.Addr().String())
-		_ = ln.Close()
-	}
-	return kept
 }
 
 // listenPort returns the port ln listens on, 0 if it is not a TCP one.
@@ -242,19 +234,19 @@ func readListeners(c *net.UnixConn) ([]*net.TCPListener, error) {
 // socket. daemon.run owns it and runs serve.
 type handover struct {
 	path string
-	ln   *net.UnixListener // serve's, which replaces it when it takes the path back
+	ln   *net.UnixListener // serve's first
 	log  *slog.Logger
-	lb   *gate // the proxy's listener
+	lb   *steadyListener // the proxy's listener
 	// health is the health server's listener, shut while a successor
 	// serves it: each probe then reaches the successor.
-	health *gate
+	health *steadyListener
 	// given is set by serve while a successor serves the proxy's socket
 	// too; run reads it at the stop (listeners.go).
 	given atomic.Bool
 }
 
 // listenHandover serves hand-overs of lb's and health's sockets on path.
-func listenHandover(path string, log *slog.Logger, lb, health *gate) (*handover, error) {
+func listenHandover(path string, log *slog.Logger, lb, health *steadyListener) (*handover, error) {
 	ln, err := bindOver(path)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
@@ -283,46 +275,46 @@ func bindOver(path string) (*net.UnixListener, error) {
 
 // serve hands the sockets to each instance that asks, one at a time, until
 // ctx is done, and shares them with each successor for as long as it runs
-// (share).
+// (share), which replaces the listener when it takes the path back.
 func (h *handover) serve(ctx context.Context) {
-	defer func() { _ = h.ln.Close() }()
-	for {
-		c, err := acceptUnix(ctx, h.ln)
+	for ln := h.ln; ln != nil; {
+		ln = h.serveOn(ctx, ln)
+	}
+}
+
+// serveOn serves hand-overs on ln, which it closes, and returns the
+// listener that takes its place, nil once ctx is done.
+func (h *handover) serveOn(ctx context.Context, ln *net.UnixListener) (next *net.UnixListener) {
+	sl := newSteadyListener(ln, h.log, "hand-over socket ", new(atomic.Int64))
+	defer context.AfterFunc(ctx, func() { _ = sl.Close() })()
+	defer sl.Close()
+	for next == nil {
+		c, err := sl.Accept()
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			h.log.Warn("hand-over socket accept failed", "err", err)
-			await(ctx.Done(), acceptBackoffMax)
-			continue
+			return nil // closed
 		}
-		taken, pid, err := h.give(c)
+		uc := c.(*net.UnixConn) //nolint:forcetypeassert // a unix listener's
+		taken, pid, err := h.give(uc)
 		if err != nil {
 			h.log.Warn("hand-over of the listening sockets failed; this instance keeps serving them alone", "err", err)
 		}
 		if len(taken) > 0 {
-			h.share(ctx, c, taken, pid)
+			next = h.share(ctx, uc, taken, pid)
 		}
 		_ = c.Close()
 	}
-}
-
-// acceptUnix accepts on ln until ctx is done, which closes ln.
-func acceptUnix(ctx context.Context, ln *net.UnixListener) (*net.UnixConn, error) {
-	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
-	defer stop()
-	return ln.AcceptUnix()
+	return next
 }
 
 // give sends the sockets over c and returns those the successor answered
 // it adopted, with its process ID.
-func (h *handover) give(c *net.UnixConn) (taken []*gate, pid int, err error) {
+func (h *handover) give(c *net.UnixConn) (taken []*steadyListener, pid int, err error) {
 	if pid, err = samePeer(c); err != nil {
 		return nil, 0, err
 	}
 	_ = c.SetDeadline(time.Now().Add(handoverTimeout))
 	var fds []int
-	socks := []*gate{h.lb, h.health}
+	socks := []*steadyListener{h.lb, h.health}
 	for _, s := range socks {
 		fl, ok := s.Listener.(interface{ File() (*os.File, error) })
 		if !ok {
@@ -381,8 +373,9 @@ func readAck(c *net.UnixConn) ([]int, error) {
 // while this instance is not stopping (a rollback stopped it), this one
 // serves alone again and takes the path back: the path names the
 // successor's socket, which refuses once it has stopped, and every later
-// instance would fail to bind the ports this one holds.
-func (h *handover) share(ctx context.Context, c *net.UnixConn, taken []*gate, pid int) {
+// instance would fail to bind the ports this one holds. It returns the
+// listener on the path taken back, nil if it did not take it back.
+func (h *handover) share(ctx context.Context, c *net.UnixConn, taken []*steadyListener, pid int) *net.UnixListener {
 	h.given.Store(slices.Contains(taken, h.lb))
 	h.health.set(!slices.Contains(taken, h.health))
 	addrs := make([]string, len(taken))
@@ -397,18 +390,17 @@ func (h *handover) share(ctx context.Context, c *net.UnixConn, taken []*gate, pi
 			"pid", pid, "taken", addrs)
 	}
 	if !awaitClose(ctx, c) {
-		return
+		return nil
 	}
 	h.given.Store(false)
 	h.health.set(true)
 	ln, err := bindOver(h.path)
 	if err != nil {
 		h.log.Error("the new instance is gone, and taking the hand-over socket back failed: the next instance will not find this one", "pid", pid, "err", err)
-		return
+		return nil
 	}
-	_ = h.ln.Close()
-	h.ln = ln
 	h.log.Info("the new instance is gone: serving the listening sockets alone again, and the hand-over socket is this instance's again", "pid", pid)
+	return ln
 }
 
 // awaitClose waits until the peer of c closes it, or ctx is done, and

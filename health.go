@@ -156,11 +156,10 @@ func newHealthServer(addr string, handler http.Handler, log *slog.Logger, m *met
 // connections. It returns nil after a shutdown and the error of Serve if
 // serving stopped on its own. It owns the goroutine that runs Serve and does
 // not return before it has ended.
-func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log *slog.Logger) error {
+func serveHealth(ctx context.Context, srv *http.Server, ln *steadyListener, log *slog.Logger) error {
 	errc := make(chan error, 1)
-	sl := newSteadyListener(ln, log, "health server ", new(atomic.Int64))
-	sl.accepted = newHealthConn
-	go serveHTTP(srv, sl, errc)
+	ln.accepted = newHealthConn
+	go serveHTTP(srv, ln, errc)
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve health on %s: %w", ln.Addr(), err)

@@ -320,7 +320,7 @@ func TestServeHealthReturnsServeError(t *testing.T) {
 	ln.Close()
 	log := slog.New(slog.DiscardHandler)
 	srv := newHealthServer(ln.Addr().String(), http.NotFoundHandler(), log, newMetrics(prometheus.NewRegistry()))
-	err = serveHealth(t.Context(), srv, ln, log)
+	err = serveHealth(t.Context(), srv, newSteadyListener(ln, log, "health server ", new(atomic.Int64)), log)
 	if !errors.Is(err, net.ErrClosed) {
 		t.Errorf("serveHealth: got %v; want an error wrapping %v", err, net.ErrClosed)
 	}
@@ -832,7 +832,9 @@ func servePipe(t *testing.T, ln net.Listener, handler http.Handler, log *slog.Lo
 	srv := newHealthServer("pipe", handler, log, newMetrics(prometheus.NewRegistry()))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	go func() { done <- serveHealth(ctx, srv, ln, log) }()
+	go func() {
+		done <- serveHealth(ctx, srv, newSteadyListener(ln, log, "health server ", new(atomic.Int64)), log)
+	}()
 	return func() error { cancel(); return <-done }
 }
 
@@ -883,7 +885,9 @@ func serveHealthOn(t *testing.T, ln net.Listener, handler http.Handler, adjust f
 		cancel: cancel,
 		done:   make(chan error, 1),
 	}
-	go func() { s.done <- serveHealth(ctx, srv, ln, log) }()
+	go func() {
+		s.done <- serveHealth(ctx, srv, newSteadyListener(ln, log, "health server ", new(atomic.Int64)), log)
+	}()
 	t.Cleanup(func() {
 		if err := s.stop(t); err != nil {
 			t.Errorf("serveHealth: got %v; want nil", err)

@@ -38,6 +38,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -105,25 +106,6 @@ func tcpListenerFrom(fd uintptr, name string) (*net.TCPListener, error) {
 	return tl, nil
 }
 
-// takeActivated removes from lns the listener on port and returns it; ok
-// false if there is none. A listener on that port but another address than
-// host (when host is an address) is an error: the unit and the flags
-// disagree.
-func takeActivated(lns *[]*net.TCPListener, host string, port int, flags string) (ln *net.TCPListener, ok bool, err error) {
-	for i, ln := range *lns {
-		tcp, isTCP := ln.Addr().(*net.TCPAddr)
-		if !isTCP || tcp.Port != port {
-			continue
-		}
-		if want, err := netip.ParseAddr(host); err == nil && want.Unmap() != tcp.AddrPort().Addr().Unmap() {
-			return nil, false, fmt.Errorf("the socket passed on %s is not where %s say: %s", tcp, flags, net.JoinHostPort(host, strconv.Itoa(port)))
-		}
-		*lns = append((*lns)[:i], (*lns)[i+1:]...)
-		return ln, true, nil
-	}
-	return nil, false, nil
-}
-
 func closeAll(lns []*net.TCPListener) {
 	for _, ln := range lns {
 		_ = ln.Close()
@@ -155,7 +137,9 @@ func (o opened) close() {
 // it over is not accepted on until openOnUsable or follow opens its gate.
 func (d *daemon) outlive(s opened) (err error) {
 	d.activated, d.predecessor = s.lbPassed, s.predecessor
-	d.lb, d.health = newGate(s.lb, !s.lbShared), newGate(s.health, true)
+	d.lb = newSteadyListener(s.lb, d.proxy.log, "", &d.proxy.stalledSince)
+	d.lb.set(!s.lbShared)
+	d.health = newSteadyListener(s.health, d.log, "health server ", new(atomic.Int64))
 	if d.cfg.HandoverSocket != "" {
 		if d.handover, err = listenHandover(d.cfg.HandoverSocket, d.log.With("component", "handover"), d.lb, d.health); err != nil {
 			return err
@@ -184,50 +168,64 @@ func sockets(ctx context.Context, cfg *config, getenv func(string) string, log *
 }
 
 // listen opens the proxy's and the health server's listeners, or adopts
-// those among passed, the sockets the service manager passed
-// (listeners.go), so that a bind error surfaces, naming its flags,
+// those among passed, the sockets the service manager passed or the running
+// instance handed over, so that a bind error surfaces, naming its flags,
 // before anything else starts. lbPassed reports that the proxy's listener
 // is one of passed. It closes passed on error.
 func listen(ctx context.Context, cfg *config, passed []*net.TCPListener) (lb, health net.Listener, lbPassed bool, err error) {
-	n := len(passed)
-	lb, err = openListener(ctx, &passed, cfg.BindAddress, cfg.BindPort, "load balancer", "--bind-address, --bind-port",
-		listenTCP, activatedProxyListener)
+	const lbFlags, healthFlags = "--bind-address, --bind-port", "--health-bind-address, --health-port"
+	var lbTCP, healthTCP *net.TCPListener
+	for _, ln := range passed {
+		switch port := listenPort(ln); {
+		case port == cfg.BindPort && lbTCP == nil:
+			lbTCP, err = ln, passedOn(ln, cfg.BindAddress, lbFlags)
+		case port == cfg.HealthPort && healthTCP == nil:
+			healthTCP, err = ln, passedOn(ln, cfg.HealthBindAddress, healthFlags)
+		default:
+			err = fmt.Errorf("the socket passed on %s is on neither --bind-port %d nor --health-port %d", ln.Addr(), cfg.BindPort, cfg.HealthPort)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if err == nil {
+		lb, err = openOr(ctx, lbTCP, cfg.BindAddress, cfg.BindPort, "load balancer listener ("+lbFlags+")", listenTCP, activatedProxyListener)
+	}
+	if err == nil {
+		health, err = openOr(ctx, healthTCP, cfg.HealthBindAddress, cfg.HealthPort, "health server listener ("+healthFlags+")", listenHealth, activatedHealthListener)
+	}
 	if err != nil {
 		closeAll(passed)
+		if lb != nil {
+			_ = lb.Close()
+		}
 		return nil, nil, false, err
 	}
-	lbPassed = len(passed) < n
-	health, err = openListener(ctx, &passed, cfg.HealthBindAddress, cfg.HealthPort, "health server", "--health-bind-address, --health-port",
-		listenHealth, activatedHealthListener)
-	if err == nil && len(passed) > 0 {
-		_ = health.Close()
-		err = fmt.Errorf("the socket passed on %s is on neither --bind-port %d nor --health-port %d",
-			passed[0].Addr(), cfg.BindPort, cfg.HealthPort)
-	}
-	if err != nil {
-		_ = lb.Close()
-		closeAll(passed)
-		return nil, nil, false, err
-	}
-	return lb, health, lbPassed, nil
+	return lb, health, lbTCP != nil, nil
 }
 
-// openListener takes the passed listener on port and adopts it, or opens
-// one on host:port.
-func openListener(ctx context.Context, passed *[]*net.TCPListener, host string, port int, what, flags string,
+// passedOn checks that ln, passed on a flag's port, is on host too when
+// host is an address: else the unit and the flags disagree.
+func passedOn(ln *net.TCPListener, host, flags string) error {
+	got, _ := netip.ParseAddrPort(ln.Addr().String())
+	if want, err := netip.ParseAddr(host); err == nil && want.Unmap() != got.Addr().Unmap() {
+		return fmt.Errorf("the socket passed on %s is not where %s say: %s", ln.Addr(), flags, net.JoinHostPort(host, strconv.Itoa(listenPort(ln))))
+	}
+	return nil
+}
+
+// openOr adopts passed, if not nil, or opens a listener on host:port, what
+// naming it in errors.
+func openOr(ctx context.Context, passed *net.TCPListener, host string, port int, what string,
 	open func(context.Context, string) (net.Listener, error), adopt func(*net.TCPListener) net.Listener) (net.Listener, error) {
-	ln, ok, err := takeActivated(passed, host, port, flags)
-	switch {
-	case err != nil:
-		return nil, err
-	case ok:
-		return adopt(ln), nil
+	if passed != nil {
+		return adopt(passed), nil
 	}
-	l, err := open(ctx, net.JoinHostPort(host, strconv.Itoa(port)))
+	ln, err := open(ctx, net.JoinHostPort(host, strconv.Itoa(port)))
 	if err != nil {
-		return nil, fmt.Errorf("%s listener (%s): %w", what, flags, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return l, nil
+	return ln, nil
 }
 
 const (

@@ -28,9 +28,10 @@
 // (silent connections give way and time out), fairshare.go (at the bound,
 // the owner of the most slots gives one up), cache.go (the endpoint
 // cache), healthlimits.go (the health server under abuse),
-// steadylistener.go (accept errors back off and retry), listeners.go
+// steadylistener.go (accept errors back off and retry; the hand-over's
+// gate), listeners.go
 // (the sockets at start; socket activation and the graceful stop),
-// handover.go, gate.go and handoverdir.go (sockets handed to a successor),
+// handover.go and handoverdir.go (sockets handed to a successor),
 // closer.go (the closes forced over time), rebalance.go, spread.go,
 // kubeclient.go, ownlistener.go, status.go, check.go, version.go, log.go
 // (logging that never blocks) and sockopt_linux.go.
@@ -189,7 +190,7 @@ type daemon struct {
 	// hand-over connection to the instance that handed them over, nil if
 	// none did; follow owns it. usable is closed once a check passed an
 	// upstream (onFirstPass).
-	lb, health  *gate
+	lb, health  *steadyListener
 	predecessor *net.UnixConn
 	usable      chan struct{}
 }

@@ -17,24 +17,26 @@ import (
 // checkOwnListener refuses --endpoints entries that are the proxy's own
 // listener, when --bind-address is an IP address or localhost.
 func (c *config) checkOwnListener() error {
-	port, ips := strconv.Itoa(c.BindPort), hostAddrs(c.BindAddress)
-	listens := make([]string, len(ips))
-	for i, ip := range ips {
-		listens[i] = net.JoinHostPort(ip.String(), port)
+	if c.BindPort < 1 || c.BindPort > 65535 {
+		return nil // refused as such
 	}
-	_, own := splitOwn(c.Endpoints, listens, localAddrs())
-	if len(own) == 0 {
-		return nil
+	var listens []netip.AddrPort
+	for _, ip := range hostAddrs(c.BindAddress) {
+		listens = append(listens, netip.AddrPortFrom(ip, uint16(c.BindPort)))
 	}
-	return flagError("endpoints", "must not name this proxy's own listener %s (%s, %s), which would make it its own upstream: %s",
-		net.JoinHostPort(c.BindAddress, port), flagRef("bind-address"), flagRef("bind-port"), strings.Join(own, ", "))
+	if _, own := splitOwn(c.Endpoints, listens, localAddrs()); len(own) > 0 {
+		return flagError("endpoints", "must not name this proxy's own listener %s (%s, %s), which would make it its own upstream: %s",
+			net.JoinHostPort(c.BindAddress, strconv.Itoa(c.BindPort)), flagRef("bind-address"), flagRef("bind-port"), strings.Join(own, ", "))
+	}
+	return nil
 }
 
 // withoutOwnListener returns eps without the endpoints that are the
 // listener at listen, warning of them.
 func withoutOwnListener(eps []string, listen string, log *slog.Logger) []string {
 	// The node's addresses are read each time: it may have gained one.
-	kept, dropped := splitOwn(eps, []string{listen}, localAddrs())
+	l, _ := netip.ParseAddrPort(listen) // an Addr's; the zero value matches none
+	kept, dropped := splitOwn(eps, []netip.AddrPort{l}, localAddrs())
 	if len(dropped) > 0 {
 		log.Warn("ignoring endpoints that are this proxy's own listener", "endpoints", dropped, "listen", listen)
 	}
@@ -43,9 +45,9 @@ func withoutOwnListener(eps []string, listen string, log *slog.Logger) []string 
 
 // splitOwn splits eps into those that reach none of the listeners at
 // listens and those that reach one, keeping their order.
-func splitOwn(eps, listens []string, local []netip.Addr) (kept, own []string) {
+func splitOwn(eps []string, listens []netip.AddrPort, local []netip.Addr) (kept, own []string) {
 	for _, e := range eps {
-		if slices.ContainsFunc(listens, func(l string) bool { return ownListener(e, l, local) }) {
+		if slices.ContainsFunc(listens, func(l netip.AddrPort) bool { return ownListener(e, l, local) }) {
 			own = append(own, e)
 		} else {
 			kept = append(kept, e)
@@ -55,14 +57,10 @@ func splitOwn(eps, listens []string, local []netip.Addr) (kept, own []string) {
 }
 
 // ownListener reports whether dialling endpoint reaches the listener at
-// listen (an IP:port). local are the addresses of this node's interfaces,
-// which a wildcard listener answers on too. A hostname other than localhost
-// is not resolved, and never reported.
-func ownListener(endpoint, listen string, local []netip.Addr) bool {
-	l, err := netip.ParseAddrPort(listen)
-	if err != nil {
-		return false
-	}
+// l. local are the addresses of this node's interfaces, which a wildcard
+// listener answers on too. A hostname other than localhost is not
+// resolved, and never reported.
+func ownListener(endpoint string, l netip.AddrPort, local []netip.Addr) bool {
 	host, port, err := net.SplitHostPort(endpoint)
 	if err != nil || port != strconv.Itoa(int(l.Port())) {
 		return false

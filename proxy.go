@@ -181,11 +181,10 @@ func (l keepAliveListener) Accept() (net.Conn, error) {
 	return c, nil
 }
 
-// serve accepts connections on ln until ctx is done. It survives every
+// serve accepts connections on sl until ctx is done. It survives every
 // accept error (see steadyListener), so the proxy never stops accepting
 // while its health probes stay green.
-func (p *proxy) serve(ctx context.Context, ln net.Listener) {
-	sl := newSteadyListener(ln, p.log, "", &p.stalledSince)
+func (p *proxy) serve(ctx context.Context, sl *steadyListener) {
 	stop := context.AfterFunc(ctx, func() { _ = sl.Close() })
 	defer stop()
 	p.reapIdle(ctx)

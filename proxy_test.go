@@ -184,7 +184,7 @@ func serveTestProxy(t testing.TB, px *proxy, pl *pool) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { px.serve(ctx, ln) })
+	wg.Go(func() { px.serve(ctx, newSteadyListener(ln, px.log, "", &px.stalledSince)) })
 	t.Cleanup(func() {
 		cancel()
 		wg.Wait()
@@ -573,7 +573,7 @@ func serveInBubble(t *testing.T, ln net.Listener) (*proxy, func()) {
 	px := newProxy(log, m, pl, time.Second, 16)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
-	go func() { defer close(done); px.serve(ctx, ln) }()
+	go func() { defer close(done); px.serve(ctx, newSteadyListener(ln, log, "", &px.stalledSince)) }()
 	return px, func() {
 		cancel()
 		<-done
