@@ -47,18 +47,13 @@ const rootOwner = "uid 0"
 type sockPair struct{ local, remote netip.AddrPort }
 
 // clientSocket names the socket at the other end of c: its local address
-// is c's remote one. One of no TCP connection is the zero sockPair.
+// is c's remote one. One of no TCP connection is the zero sockPair: its
+// addresses do not parse. Both come unmapped, as net.IP writes an
+// IPv4-mapped address as an IPv4 one.
 func clientSocket(c net.Conn) sockPair {
-	l, lok := c.LocalAddr().(*net.TCPAddr)
-	r, rok := c.RemoteAddr().(*net.TCPAddr)
-	if !lok || !rok {
-		return sockPair{}
-	}
-	return sockPair{local: unmapped(r.AddrPort()), remote: unmapped(l.AddrPort())}
-}
-
-func unmapped(ap netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	remote, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	local, _ := netip.ParseAddrPort(c.LocalAddr().String())
+	return sockPair{local: remote, remote: local}
 }
 
 // shareVictim returns the connection of cands that gives way by this rule,

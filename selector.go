@@ -33,7 +33,12 @@ func (p *pool) pick(tried []*upstream) *upstream {
 	if u := p.steered(groups, tried); u != nil {
 		return u
 	}
-	return pickFrom(groups, tried)
+	for _, g := range groups {
+		if u := pickRandom(g, tried); u != nil {
+			return u
+		}
+	}
+	return nil
 }
 
 // lastResort returns the most recently healthy non-draining upstream that is
@@ -116,17 +121,6 @@ func (s *latencySelector) order(all, candidates []*upstream) [][]*upstream {
 		out = [][]*upstream{fresh}
 	}
 	return out
-}
-
-// pickFrom returns a random untried upstream of the first group that has
-// one, or nil.
-func pickFrom(groups [][]*upstream, tried []*upstream) *upstream {
-	for _, g := range groups {
-		if u := pickRandom(g, tried); u != nil {
-			return u
-		}
-	}
-	return nil
 }
 
 // pickRandom returns a uniformly random member of candidates that is not in

@@ -133,8 +133,13 @@ func TestNextRTTFollowsLastingIncrease(t *testing.T) {
 	}
 }
 
-func TestPickFromTakesFirstGroupWithAnUntriedMember(t *testing.T) {
+func TestPickTakesFirstGroupWithAnUntriedMember(t *testing.T) {
 	a, b, c := &upstream{addr: "a"}, &upstream{addr: "b"}, &upstream{addr: "c"}
+	pickIn := func(groups [][]*upstream, tried []*upstream) *upstream {
+		p := &pool{}
+		p.snap.Store(&snapshot{groups: groups})
+		return p.pick(tried)
+	}
 	groups := [][]*upstream{{a, b}, {c}}
 	tests := []struct {
 		name  string
@@ -149,14 +154,14 @@ func TestPickFromTakesFirstGroupWithAnUntriedMember(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for range 100 {
-				got := pickFrom(groups, tt.tried)
+				got := pickIn(groups, tt.tried)
 				if (got == nil) != (tt.want == nil) || got != nil && !slices.Contains(tt.want, got) {
 					t.Fatalf("got %s; want one of %s", addrsOf(got), addrsOf(tt.want...))
 				}
 			}
 		})
 	}
-	if got := pickFrom(nil, nil); got != nil {
+	if got := pickIn(nil, nil); got != nil {
 		t.Errorf("pick from no groups: got %s; want nil", addrsOf(got))
 	}
 }
