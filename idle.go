@@ -100,9 +100,8 @@ func (p *pool) allConns(func(*proxyConn) connLook) []*proxyConn { return p.conns
 // describes, in the order they give way (stable, between equals);
 // closed ones and, outside Linux, all are left out.
 func (p *proxy) candidates() []idleCandidate {
-	conns := p.pool.conns()
-	out := make([]idleCandidate, 0, len(conns))
-	for _, pc := range conns {
+	var out []idleCandidate
+	for _, pc := range p.pool.conns() {
 		if quiet, spoke, ok := quietFor(pc.client); ok {
 			out = append(out, idleCandidate{pc, connLook{quiet: quiet, spoke: spoke}})
 		}

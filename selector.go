@@ -126,8 +126,7 @@ func (s *latencySelector) order(all, candidates []*upstream) [][]*upstream {
 // pickRandom returns a uniformly random member of candidates that is not in
 // tried, or nil, without allocating: each untried one replaces the choice
 // with probability 1/n, n counting the untried ones seen so far.
-func pickRandom(candidates, tried []*upstream) *upstream {
-	var pick *upstream
+func pickRandom(candidates, tried []*upstream) (pick *upstream) {
 	n := 0
 	for _, u := range candidates {
 		if !slices.Contains(tried, u) {
