@@ -47,45 +47,35 @@ const rootOwner = "uid 0"
 type sockPair struct{ local, remote netip.AddrPort }
 
 // clientSocket names the socket at the other end of c: its local address
-// is c's remote one. One of no TCP connection is the zero sockPair.
+// is c's remote one. One of no TCP connection is the zero sockPair: its
+// addresses do not parse. Both come unmapped, as net.IP writes an
+// IPv4-mapped address as an IPv4 one.
 func clientSocket(c net.Conn) sockPair {
-	l, lok := c.LocalAddr().(*net.TCPAddr)
-	r, rok := c.RemoteAddr().(*net.TCPAddr)
-	if !lok || !rok {
-		return sockPair{}
-	}
-	return sockPair{local: unmapped(r.AddrPort()), remote: unmapped(l.AddrPort())}
-}
-
-func unmapped(ap netip.AddrPort) netip.AddrPort {
-	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	remote, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	local, _ := netip.ParseAddrPort(c.LocalAddr().String())
+	return sockPair{local: remote, remote: local}
 }
 
 // shareVictim returns the connection of cands that gives way by this rule,
-// its owner and how many slots the owner holds; nil when none does.
-// owners[i] is the owner of cands[i] (see ownersOf); nil, where they are
-// not known, closes none.
+// its owner and how many slots the owner holds; nil when none does. cands
+// are in the order they give way (see candidates), and owners[i] is the
+// owner of cands[i] (see ownersOf); nil, where they are not known, closes
+// none.
 func shareVictim(cands []idleCandidate, owners []string) (victim *idleCandidate, owner string, held int) {
-	if len(owners) != len(cands) {
-		return nil, "", 0
-	}
-	slots := make(map[string]int, len(cands))
-	for _, o := range owners {
-		slots[o]++
-	}
+	slots := make(map[string]int, len(owners))
 	most := 2 // an owner with a single slot keeps it
-	for o, n := range slots {
+	for _, o := range owners {
 		if o != rootOwner {
-			most = max(most, n)
+			slots[o]++
+			most = max(most, slots[o])
 		}
 	}
-	for i, c := range cands {
-		o := owners[i]
-		if o != rootOwner && slots[o] == most && (victim == nil || c.before(*victim)) {
-			victim, owner = &cands[i], o
+	for i, o := range owners {
+		if slots[o] == most {
+			return &cands[i], o, most
 		}
 	}
-	return victim, owner, most
+	return nil, "", 0
 }
 
 // ownersOf returns the owner of each candidate's connection: the uid of
@@ -103,10 +93,9 @@ func ownersOf(cands []idleCandidate) []string {
 	}
 	out := make([]string, len(cands))
 	for i, sp := range socks {
+		out[i] = sp.local.Addr().String()
 		if uids[i] >= 0 {
 			out[i] = "uid " + strconv.Itoa(uids[i])
-		} else {
-			out[i] = sp.local.Addr().String()
 		}
 	}
 	return out

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -27,22 +28,33 @@ func TestShareVictim(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			// shareVictim takes them in the order they give way, as
+			// candidates returns them; at[j] is the index in tt.conns of
+			// cands[j].
+			at := make([]int, len(tt.conns))
 			cands := make([]idleCandidate, len(tt.conns))
-			owners := make([]string, len(tt.conns))
 			for i, c := range tt.conns {
-				cands[i] = idleCandidate{pc: &proxyConn{}, quiet: c.quiet, spoke: c.spoke}
-				owners[i] = c.owner
+				at[i], cands[i] = i, idleCandidate{&proxyConn{}, connLook{quiet: c.quiet, spoke: c.spoke}}
+			}
+			slices.SortStableFunc(at, func(a, b int) int { return giveWay(cands[a], cands[b]) })
+			slices.SortStableFunc(cands, giveWay)
+			owners := make([]string, len(at))
+			for j, i := range at {
+				owners[j] = tt.conns[i].owner
 			}
 			victim, _, _ := shareVictim(cands, owners)
 			got := -1
-			for i := range cands {
-				if victim == &cands[i] {
-					got = i
+			for j := range cands {
+				if victim == &cands[j] {
+					got = at[j]
 				}
 			}
 			if got != tt.want {
 				t.Errorf("victim: got %d; want %d", got, tt.want)
 			}
 		})
+	}
+	if victim, _, _ := shareVictim([]idleCandidate{{}, {}}, nil); victim != nil {
+		t.Errorf("owners not known: got a victim; want none")
 	}
 }

@@ -421,13 +421,13 @@ func FuzzBuildTiers(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &fuzzBytes{data}
 		n := in.pick(13)
-		var samples []rttSample
+		var samples []*upstream
 		avg := map[string]time.Duration{}
 		prev := map[string]int{}
 		for i := range n {
 			addr := net.JoinHostPort(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}).String(), "6443")
 			d := fuzzDuration(in)
-			samples = append(samples, rttSample{addr: addr, avg: d})
+			samples = append(samples, &upstream{addr: addr, rtt: d, hasRTT: true})
 			avg[addr] = d
 			// Half the bytes give a previous group, some of them far off
 			// or negative, as a stale map might hold.
@@ -438,7 +438,7 @@ func FuzzBuildTiers(f *testing.F) {
 		if in.byte()%2 == 1 {
 			prev["10.9.9.9:6443"] = 0 // a member that left
 		}
-		tiers := buildTiers(samples, prev)
+		tiers, groups := tiersOf(t, samples, prev)
 
 		seen := map[string]int{}
 		for _, tier := range tiers {
@@ -484,12 +484,12 @@ func FuzzBuildTiers(f *testing.F) {
 				}
 			}
 		}
-		if again := buildTiers(samples, groupsOf(tiers)); !reflect.DeepEqual(again, tiers) {
+		if again, _ := tiersOf(t, samples, groups); !reflect.DeepEqual(again, tiers) {
 			t.Errorf("rebuild with its own groups: got %v; want %v", again, tiers)
 		}
 		reversed := slices.Clone(samples)
 		slices.Reverse(reversed)
-		if again := buildTiers(reversed, prev); !reflect.DeepEqual(again, tiers) {
+		if again, _ := tiersOf(t, reversed, prev); !reflect.DeepEqual(again, tiers) {
 			t.Errorf("rebuild from reversed samples: got %v; want %v", again, tiers)
 		}
 	})

@@ -177,10 +177,12 @@ func (cd *connDial) wait() {
 		case a.took >= cd.hedgeDelay:
 			// Called off after the hedge delay: not a failure, but the
 			// upstream may have vanished, and a check now starts the sweep
-			// of its connections if so. Whether this dial was the hedge or
-			// the one hedged does not tell which was slow: a first dial may
-			// win just after its hedge started.
-			cd.p.pool.confirmSlow(a.u)
+			// of its connections if so, while it is included. Whether this
+			// dial was the hedge or the one hedged does not tell which was
+			// slow: a first dial may win just after its hedge started.
+			cd.p.pool.mu.Lock()
+			cd.p.pool.confirmLocked(a.u)
+			cd.p.pool.unlock()
 		}
 	}
 }
@@ -211,12 +213,4 @@ func (p *proxy) dialAttempt(ctx context.Context, a attempt, results chan<- attem
 func isLocalExhaustion(err error) bool {
 	return slices.ContainsFunc([]error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM},
 		func(e error) bool { return errors.Is(err, e) })
-}
-
-// confirmSlow asks for a check of u now, after a dial to it was called off
-// slow, while u is included.
-func (p *pool) confirmSlow(u *upstream) {
-	p.mu.Lock()
-	defer p.unlock()
-	p.confirmLocked(u)
 }

@@ -19,6 +19,7 @@ package main
 //   - Any connection silent in both directions for idleTimeout is closed.
 
 import (
+	"cmp"
 	"context"
 	"maps"
 	"slices"
@@ -54,11 +55,11 @@ func defaultIdlePolicy() idlePolicy {
 	return idlePolicy{newQuiet: newQuietFor, spokenQuiet: spokenQuietFor, timeout: idleTimeout}
 }
 
-// idleCandidate is a connection with what TCP_INFO says of its client socket.
+// idleCandidate is a connection with what TCP_INFO says of its client
+// socket: quiet and spoke of its look (see connLook).
 type idleCandidate struct {
-	pc    *proxyConn
-	quiet time.Duration // since it last carried data, either way
-	spoke bool          // its client sent something once
+	pc *proxyConn
+	connLook
 }
 
 // qualifies reports whether c may be closed to make room at the bound.
@@ -69,13 +70,16 @@ func (pol idlePolicy) qualifies(c idleCandidate) bool {
 	return c.quiet >= pol.newQuiet
 }
 
-// before reports whether a is to be closed before b: silent clients first,
-// then the one quiet longer.
-func (a idleCandidate) before(b idleCandidate) bool {
-	if a.spoke != b.spoke {
-		return !a.spoke
+// giveWay orders candidates as they give way: silent clients first, then
+// the one quiet longer.
+func giveWay(a, b idleCandidate) int {
+	switch {
+	case a.spoke == b.spoke:
+		return cmp.Compare(b.quiet, a.quiet)
+	case a.spoke:
+		return 1
 	}
-	return a.quiet > b.quiet
+	return -1
 }
 
 // conns returns every attached connection.
@@ -93,33 +97,31 @@ func (p *pool) conns() []*proxyConn {
 func (p *pool) allConns(func(*proxyConn) connLook) []*proxyConn { return p.conns() }
 
 // candidates returns the attached connections whose client socket TCP_INFO
-// describes; closed ones and, outside Linux, all are left out.
+// describes, in the order they give way (stable, between equals);
+// closed ones and, outside Linux, all are left out.
 func (p *proxy) candidates() []idleCandidate {
-	conns := p.pool.conns()
-	out := make([]idleCandidate, 0, len(conns))
-	for _, pc := range conns {
+	var out []idleCandidate
+	for _, pc := range p.pool.conns() {
 		if quiet, spoke, ok := quietFor(pc.client); ok {
-			out = append(out, idleCandidate{pc: pc, quiet: quiet, spoke: spoke})
+			out = append(out, idleCandidate{pc, connLook{quiet: quiet, spoke: spoke}})
 		}
 	}
+	slices.SortStableFunc(out, giveWay)
 	return out
 }
 
 // reclaim closes the connection that gives way first to a waiting client,
-// if one qualifies. Once closed it is no candidate any more, so a look
-// before its slot is back closes the next one, not it again.
+// if one qualifies, which its handler then ends as any other failed one.
+// Once closed it is no candidate any more, so a look before its slot is
+// back closes the next one, not it again.
 func (p *proxy) reclaim() {
 	cands := p.candidates()
-	var victim *idleCandidate
-	for _, c := range cands {
-		if p.idle.qualifies(c) && (victim == nil || c.before(*victim)) {
-			victim = &c
-		}
-	}
-	if victim != nil {
-		p.closeIdle(victim, reasonLimit)
+	if i := slices.IndexFunc(cands, p.idle.qualifies); i >= 0 {
+		cands[i].pc.closeFor(connEndIdle)
+		p.countIdle(&cands[i], reasonLimit)
 	} else if victim, owner, held := shareVictim(cands, ownersOf(cands)); victim != nil {
-		p.closeIdle(victim, reasonShare, "owner", owner, "owner_slots", held)
+		victim.pc.closeFor(connEndIdle)
+		p.countIdle(victim, reasonShare, "owner", owner, "owner_slots", held)
 	}
 }
 
@@ -131,8 +133,7 @@ func (p *proxy) reapIdle(ctx context.Context) {
 	p.pool.closer.add(&closeJob{reason: connEndIdle, conns: p.pool.allConns, due: p.idle.due, every: p.idle.timeout / 10,
 		over: func() bool { return ctx.Err() != nil },
 		closed: func(pc *proxyConn, look func() connLook) {
-			l := look()
-			p.countIdle(&idleCandidate{pc: pc, quiet: l.quiet, spoke: l.spoke}, reasonTimeout)
+			p.countIdle(&idleCandidate{pc, look()}, reasonTimeout)
 		}})
 }
 
@@ -147,13 +148,6 @@ func (pol idlePolicy) due(_ *proxyConn, now time.Time, look func() connLook) (bo
 	default:
 		return false, now.Add(pol.timeout - l.quiet)
 	}
-}
-
-// closeIdle closes c's connection, which its handler then ends as any
-// other failed one, and counts it.
-func (p *proxy) closeIdle(c *idleCandidate, reason string, args ...any) {
-	c.pc.closeFor(connEndIdle)
-	p.countIdle(c, reason, args...)
 }
 
 // countIdle logs and counts the idle close of c's connection.

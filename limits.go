@@ -75,16 +75,11 @@ const (
 // maxConnections returns the bound on proxied connections and what sets
 // it: the open-files limit nofile or, where it is lower, the memory limit
 // of the process's cgroup (0 for none), less memReserve and never below
-// fewConnections.
+// fewConnections; the bound by files is at least 1.
 func maxConnections(nofile, memory uint64) (int, string) {
-	byFiles := 1
-	if nofile > fdReserve+fdsPerConn {
-		byFiles = int(min((nofile-fdReserve)/fdsPerConn, 1<<20))
-	}
-	byMemory := fewConnections
-	if memory > memReserve+fewConnections*memPerConn {
-		byMemory = int(min((memory-memReserve)/memPerConn, 1<<20))
-	}
+	// Raised to the floor first, so that neither subtraction wraps.
+	byFiles := int(min((max(nofile, fdReserve+fdsPerConn)-fdReserve)/fdsPerConn, 1<<20))
+	byMemory := int(min((max(memory, memReserve+fewConnections*memPerConn)-memReserve)/memPerConn, 1<<20))
 	if memory != 0 && byMemory < byFiles {
 		return byMemory, limitByMemory
 	}

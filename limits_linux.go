@@ -3,6 +3,7 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -32,60 +33,46 @@ func memoryLimit() uint64 { return cgroupMemoryLimit("/proc/self/cgroup", "/sys/
 // (v1) of that cgroup and of each cgroup above it, as a parent's limit
 // (a systemd slice's MemoryMax) bounds its children too. A container with
 // its own cgroup namespace sees its cgroup at the root, which the walk up
-// reaches as well. 0 means no limit or none found.
+// reaches as well. 0 means no limit or none found; v1 sets near 2^63 for
+// none.
 func cgroupMemoryLimit(selfCgroup, root string) uint64 {
-	b, err := os.ReadFile(selfCgroup) //nolint:gosec // a fixed kernel file, or a test's
-	if err != nil {
-		return 0
-	}
-	var limit uint64
+	// A file that cannot be read names no cgroup: its empty contents hold
+	// no line.
+	b, _ := os.ReadFile(selfCgroup) //nolint:gosec // a fixed kernel file, or a test's
+	limit := uint64(math.MaxUint64)
 	for line := range strings.SplitSeq(string(b), "\n") {
 		id, rest, _ := strings.Cut(line, ":")
 		controllers, path, ok := strings.Cut(rest, ":")
 		switch {
 		case !ok:
 		case id == "0" && controllers == "":
-			limit = lowerLimit(limit, lowestOnPath(root, path, "memory.max"))
+			limit = min(limit, lowestOnPath(root, path, "memory.max"))
 		case slices.Contains(strings.Split(controllers, ","), "memory"):
-			limit = lowerLimit(limit, lowestOnPath(filepath.Join(root, "memory"), path, "memory.limit_in_bytes"))
+			limit = min(limit, lowestOnPath(filepath.Join(root, "memory"), path, "memory.limit_in_bytes"))
 		}
+	}
+	if limit >= 1<<62 {
+		return 0
 	}
 	return limit
 }
 
 // lowestOnPath returns the lowest limit that file holds in the directory of
-// the cgroup path under root and in each directory above it up to root, 0
-// if none sets one. The path is cleaned as an absolute one first, so it
-// cannot lead out of root.
+// the cgroup path under root and in each directory above it up to root,
+// math.MaxUint64 if none sets one. The path is cleaned as an absolute one
+// first, so it cannot lead out of root. A file holds "max" or a number of
+// bytes; one that cannot be read is as good as no limit: its empty
+// contents do not parse. 0 is no limit either.
 func lowestOnPath(root, path, file string) uint64 {
 	root = filepath.Clean(root)
-	var limit uint64
+	limit := uint64(math.MaxUint64)
 	for dir := filepath.Join(root, filepath.Clean("/"+path)); ; dir = filepath.Dir(dir) {
-		limit = lowerLimit(limit, readMemoryLimit(filepath.Join(dir, file)))
+		b, _ := os.ReadFile(filepath.Join(dir, file)) //nolint:gosec // a cgroup file under the cgroup root
+		if v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && v > 0 {
+			limit = min(limit, v)
+		}
 		if len(dir) <= len(root) {
 			return limit
 		}
 	}
-}
-
-// lowerLimit returns the lower of two memory limits, where 0 is none.
-func lowerLimit(a, b uint64) uint64 {
-	if a == 0 || (b != 0 && b < a) {
-		return b
-	}
-	return a
-}
-
-// readMemoryLimit reads a cgroup memory limit file: "max", or a number of
-// bytes, which v1 sets near 2^63 for no limit. 0 means none, or a file
-// that cannot be read.
-func readMemoryLimit(path string) uint64 {
-	// A file that cannot be read is as good as no limit: its empty
-	// contents do not parse.
-	b, _ := os.ReadFile(path) //nolint:gosec // a cgroup file under the cgroup root
-	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil || v >= 1<<62 {
-		return 0
-	}
-	return v
 }

@@ -33,7 +33,12 @@ func (p *pool) pick(tried []*upstream) *upstream {
 	if u := p.steered(groups, tried); u != nil {
 		return u
 	}
-	return pickFrom(groups, tried)
+	for _, g := range groups {
+		if u := pickRandom(g, tried); u != nil {
+			return u
+		}
+	}
+	return nil
 }
 
 // lastResort returns the most recently healthy non-draining upstream that is
@@ -90,18 +95,14 @@ func (s *latencySelector) order(all, candidates []*upstream) [][]*upstream {
 	// Unhealthy and draining upstreams keep their tier, so losing part of a
 	// tier does not let a farther tier in.
 	measured := slices.DeleteFunc(slices.Clone(all), func(u *upstream) bool { return !u.hasRTT })
-	samples := make([]rttSample, len(measured))
-	for i, u := range measured {
-		samples[i] = rttSample{addr: u.addr, avg: u.rtt}
-	}
-	tiers := buildTiers(samples, s.groups)
-	s.groups = groupsOf(tiers)
+	groups, n := buildTiers(measured, s.groups)
+	s.groups = groups
 	for _, u := range measured {
-		u.tier, u.hasTier = s.groups[u.addr], true
+		u.tier, u.hasTier = groups[u.addr], true
 		s.m.upstreamRTT.WithLabelValues(u.addr).Set(u.rtt.Seconds())
 		s.m.upstreamTier.WithLabelValues(u.addr).Set(float64(u.tier))
 	}
-	byTier := make([][]*upstream, len(tiers))
+	byTier := make([][]*upstream, n)
 	var fresh []*upstream
 	for _, u := range candidates {
 		if u.hasRTT {
@@ -122,33 +123,10 @@ func (s *latencySelector) order(all, candidates []*upstream) [][]*upstream {
 	return out
 }
 
-// groupsOf maps each address to the index of its tier.
-func groupsOf(tiers [][]string) map[string]int {
-	g := make(map[string]int)
-	for i, tier := range tiers {
-		for _, addr := range tier {
-			g[addr] = i
-		}
-	}
-	return g
-}
-
-// pickFrom returns a random untried upstream of the first group that has
-// one, or nil.
-func pickFrom(groups [][]*upstream, tried []*upstream) *upstream {
-	for _, g := range groups {
-		if u := pickRandom(g, tried); u != nil {
-			return u
-		}
-	}
-	return nil
-}
-
 // pickRandom returns a uniformly random member of candidates that is not in
 // tried, or nil, without allocating: each untried one replaces the choice
 // with probability 1/n, n counting the untried ones seen so far.
-func pickRandom(candidates, tried []*upstream) *upstream {
-	var pick *upstream
+func pickRandom(candidates, tried []*upstream) (pick *upstream) {
 	n := 0
 	for _, u := range candidates {
 		if !slices.Contains(tried, u) {
@@ -192,52 +170,48 @@ func tierLimit(best time.Duration) time.Duration {
 	return max(best+tierSlack, tierFactor*best)
 }
 
-// rttSample is one upstream's smoothed connect time.
-type rttSample struct {
-	addr string
-	avg  time.Duration
-}
-
-// buildTiers groups upstreams by latency. Tier 0 holds every upstream whose
-// average is at most tierLimit(best), best being the lowest average; tier 1
-// applies the same rule to the rest, and so on. prev maps an address to its
-// group in the previous build: an upstream stays in the group of a member of
-// the new tier's core up to tierStay times the limit. Because stickiness is
-// about groups, not tier numbers, a tier appearing or vanishing above a group
-// does not split it. The result lists addresses, ordered tiers first.
-func buildTiers(samples []rttSample, prev map[string]int) [][]string {
-	rest := slices.Clone(samples)
-	slices.SortFunc(rest, func(a, b rttSample) int {
-		return cmp.Or(cmp.Compare(a.avg, b.avg), cmp.Compare(a.addr, b.addr))
-	})
-	var tiers [][]string
-	for len(rest) > 0 {
-		tier, left := takeTier(rest, prev)
-		tiers, rest = append(tiers, tier), left
+// buildTiers groups the measured upstreams by their smoothed connect time,
+// rtt. Tier 0 holds every upstream whose average is at most
+// tierLimit(best), best being the lowest average; tier 1 applies the same
+// rule to the rest, and so on. prev maps an address to its group in the
+// previous build: an upstream stays in the group of a member of the new
+// tier's core up to tierStay times the limit. Because stickiness is about
+// groups, not tier numbers, a tier appearing or vanishing above a group
+// does not split it. The result maps each address to its tier, and counts
+// the tiers.
+func buildTiers(measured []*upstream, prev map[string]int) (tiers map[string]int, n int) {
+	rest := slices.SortedFunc(slices.Values(measured), byRTT)
+	tiers = make(map[string]int, len(measured))
+	for ; len(rest) > 0; n++ {
+		rest = takeTier(rest, prev, tiers, n)
 	}
-	return tiers
+	return tiers, n
 }
 
-// takeTier removes the next tier from rest, which is sorted by average.
-func takeTier(rest []rttSample, prev map[string]int) (tier []string, left []rttSample) {
-	limit := tierLimit(rest[0].avg)
+// byRTT orders upstreams by their average, then by address.
+func byRTT(a, b *upstream) int { return cmp.Or(cmp.Compare(a.rtt, b.rtt), cmp.Compare(a.addr, b.addr)) }
+
+// takeTier puts the next tier, n, of rest, which is sorted by average,
+// into tiers and returns what is left.
+func takeTier(rest []*upstream, prev, tiers map[string]int, n int) (left []*upstream) {
+	limit := tierLimit(rest[0].rtt)
 	stay := time.Duration(tierStay * float64(limit))
 	coreGroups := map[int]bool{}
-	for _, s := range rest {
-		if s.avg > limit {
+	for _, u := range rest {
+		if u.rtt > limit {
 			break
 		}
-		if g, ok := prev[s.addr]; ok {
+		if g, ok := prev[u.addr]; ok {
 			coreGroups[g] = true
 		}
 	}
-	for _, s := range rest {
-		g, had := prev[s.addr]
-		if s.avg <= limit || (s.avg <= stay && had && coreGroups[g]) {
-			tier = append(tier, s.addr)
+	for _, u := range rest {
+		g, had := prev[u.addr]
+		if u.rtt <= limit || (u.rtt <= stay && had && coreGroups[g]) {
+			tiers[u.addr] = n
 		} else {
-			left = append(left, s)
+			left = append(left, u)
 		}
 	}
-	return tier, left
+	return left
 }

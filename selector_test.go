@@ -10,18 +10,43 @@ import (
 
 const ms = time.Millisecond
 
-func samples(kv ...any) []rttSample {
-	var s []rttSample
+func samples(kv ...any) []*upstream {
+	var s []*upstream
 	for i := 0; i < len(kv); i += 2 {
-		s = append(s, rttSample{addr: kv[i].(string), avg: kv[i+1].(time.Duration)})
+		s = append(s, &upstream{addr: kv[i].(string), rtt: kv[i+1].(time.Duration), hasRTT: true})
 	}
 	return s
+}
+
+// tiersOf lists the addresses of each tier buildTiers finds, by average,
+// and returns its map of addresses to tiers too.
+func tiersOf(t testing.TB, measured []*upstream, prev map[string]int) ([][]string, map[string]int) {
+	t.Helper()
+	groups, n := buildTiers(measured, prev)
+	if len(groups) != len(measured) {
+		t.Errorf("tiers %v hold %d addresses; want the %d measured", groups, len(groups), len(measured))
+	}
+	var tiers [][]string
+	for _, u := range slices.SortedFunc(slices.Values(measured), byRTT) {
+		g := groups[u.addr]
+		if g < 0 || g >= n {
+			t.Fatalf("%s in tier %d of %d", u.addr, g, n)
+		}
+		for len(tiers) <= g {
+			tiers = append(tiers, nil)
+		}
+		tiers[g] = append(tiers[g], u.addr)
+	}
+	if len(tiers) != n {
+		t.Errorf("tiers %v; want %d", tiers, n)
+	}
+	return tiers, groups
 }
 
 func TestBuildTiers(t *testing.T) {
 	tests := []struct {
 		name    string
-		samples []rttSample
+		samples []*upstream
 		prev    map[string]int
 		want    [][]string
 	}{
@@ -52,7 +77,7 @@ func TestBuildTiers(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := buildTiers(tt.samples, tt.prev)
+			got, _ := tiersOf(t, tt.samples, tt.prev)
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got %v; want %v", got, tt.want)
 			}
@@ -108,8 +133,13 @@ func TestNextRTTFollowsLastingIncrease(t *testing.T) {
 	}
 }
 
-func TestPickFromTakesFirstGroupWithAnUntriedMember(t *testing.T) {
+func TestPickTakesFirstGroupWithAnUntriedMember(t *testing.T) {
 	a, b, c := &upstream{addr: "a"}, &upstream{addr: "b"}, &upstream{addr: "c"}
+	pickIn := func(groups [][]*upstream, tried []*upstream) *upstream {
+		p := &pool{}
+		p.snap.Store(&snapshot{groups: groups})
+		return p.pick(tried)
+	}
 	groups := [][]*upstream{{a, b}, {c}}
 	tests := []struct {
 		name  string
@@ -124,14 +154,14 @@ func TestPickFromTakesFirstGroupWithAnUntriedMember(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for range 100 {
-				got := pickFrom(groups, tt.tried)
+				got := pickIn(groups, tt.tried)
 				if (got == nil) != (tt.want == nil) || got != nil && !slices.Contains(tt.want, got) {
 					t.Fatalf("got %s; want one of %s", addrsOf(got), addrsOf(tt.want...))
 				}
 			}
 		})
 	}
-	if got := pickFrom(nil, nil); got != nil {
+	if got := pickIn(nil, nil); got != nil {
 		t.Errorf("pick from no groups: got %s; want nil", addrsOf(got))
 	}
 }

@@ -819,7 +819,10 @@ func TestFailedDialTriggersCheckUnlessExcluded(t *testing.T) {
 		}
 		for range 10 {
 			tp.reportDial(tp.upstream(a), errCheck)
-			tp.confirmSlow(tp.upstream(a)) // a slow dial called off
+			u := tp.upstream(a)
+			tp.mu.Lock() // a slow dial called off, as connDial.wait does
+			tp.confirmLocked(u)
+			tp.unlock()
 			synctest.Wait()
 			time.Sleep(100 * time.Millisecond)
 		}
