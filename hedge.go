@@ -180,9 +180,7 @@ func (cd *connDial) wait() {
 			// of its connections if so, while it is included. Whether this
 			// dial was the hedge or the one hedged does not tell which was
 			// slow: a first dial may win just after its hedge started.
-			cd.p.pool.mu.Lock()
-			cd.p.pool.confirmLocked(a.u)
-			cd.p.pool.unlock()
+			cd.p.pool.confirmSlow(a.u)
 		}
 	}
 }
@@ -213,4 +211,12 @@ func (p *proxy) dialAttempt(ctx context.Context, a attempt, results chan<- attem
 func isLocalExhaustion(err error) bool {
 	return slices.ContainsFunc([]error{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM},
 		func(e error) bool { return errors.Is(err, e) })
+}
+
+// confirmSlow asks for a check of u now, after a dial to it was called off
+// slow, while u is included.
+func (p *pool) confirmSlow(u *upstream) {
+	p.mu.Lock()
+	defer p.unlock()
+	p.confirmLocked(u)
 }

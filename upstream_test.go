@@ -819,10 +819,7 @@ func TestFailedDialTriggersCheckUnlessExcluded(t *testing.T) {
 		}
 		for range 10 {
 			tp.reportDial(tp.upstream(a), errCheck)
-			u := tp.upstream(a)
-			tp.mu.Lock() // a slow dial called off, as connDial.wait does
-			tp.confirmLocked(u)
-			tp.unlock()
+			tp.confirmSlow(tp.upstream(a))
 			synctest.Wait()
 			time.Sleep(100 * time.Millisecond)
 		}
