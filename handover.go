@@ -93,9 +93,9 @@ func samePeer(c *net.UnixConn) (int, error) {
 // takeOverOrListen takes the listeners over from the instance serving
 // --handover-socket, or opens its own when none answers there, the hand-over
 // fails, or the flags name other ports (an upgrade that moves a port).
-func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opened, error) {
+func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (sockets, error) {
 	if err := ownDir(filepath.Dir(cfg.HandoverSocket)); err != nil {
-		return opened{}, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
+		return sockets{}, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
 	}
 	lns, c, pid, err := takeOver(cfg.HandoverSocket)
 	refused := errors.Is(err, syscall.ECONNREFUSED)
@@ -108,8 +108,7 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opene
 		}
 		_ = c.Close()
 	}
-	o := opened{}
-	o.lb, o.health, _, err = listen(ctx, cfg, nil)
+	o, err := listen(ctx, cfg, nil, log)
 	if refused && errors.Is(err, syscall.EADDRINUSE) {
 		err = fmt.Errorf("%w: the hand-over socket %s refused connections, so what holds the port cannot be asked for it: "+
 			"an instance started without this --handover-socket, or of a version that does not take the path back when its successor stops; stop it",
@@ -122,10 +121,11 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opene
 // pid), that are on the flags' ports its listeners, and acknowledges them on
 // c, naming their ports: an acknowledgement means they are adopted. The
 // others it closes: after an upgrade that moves a port, the old port's
-// socket stays the old instance's, and the new one opens its own. ok false,
-// with lns closed, when none is on the flags' ports or they cannot be
-// adopted; c then gets no answer.
-func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, pid int, lns []*net.TCPListener) (o opened, ok bool) {
+// socket stays the old instance's, and the new one opens its own. A shared
+// proxy socket's gate stays shut (openSockets). ok false, with lns closed,
+// when none is on the flags' ports or they cannot be adopted; c then gets
+// no answer.
+func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, pid int, lns []*net.TCPListener) (o sockets, ok bool) {
 	var kept []*net.TCPListener
 	var ports []string
 	for _, ln := range lns {
@@ -137,13 +137,14 @@ func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, 
 		_ = ln.Close()
 	}
 	if len(kept) == 0 {
-		return opened{}, false
+		return sockets{}, false
 	}
-	var err error
-	if o.lb, o.health, o.lbShared, err = listen(ctx, cfg, kept); err != nil {
+	o, err := listen(ctx, cfg, kept, log)
+	if err != nil {
 		log.Warn("the running instance's listening sockets are not where the flags say; opening them", "err", err)
-		return opened{}, false
+		return sockets{}, false
 	}
+	o.lb.set(!o.lbPassed)
 	if _, err := io.WriteString(c, handoverAck+handoverPorts+" "+strings.Join(ports, " ")+"\n"); err != nil {
 		// It stopped waiting; the sockets are shared all the same, and
 		// follow sees its end closed.
@@ -151,7 +152,7 @@ func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, 
 	}
 	o.predecessor = c
 	msg := "took over the listening sockets from the running instance"
-	if o.lbShared {
+	if o.lbPassed {
 		msg += "; it alone takes proxied connections until a check of this instance's passes an upstream"
 	}
 	log.Info(msg, "pid", pid, "ports", ports, "listen", o.lb.Addr().String(), "health", o.health.Addr().String())
@@ -425,27 +426,24 @@ func (d *daemon) follow(ctx context.Context) {
 	}
 }
 
-// openOnUsable opens the shared proxy socket's gate once a check of this
-// instance's passed an upstream: a successor with none usable must not
-// take clients from the instance it took over from, which serves them.
-func (d *daemon) openOnUsable(ctx context.Context) {
-	select {
-	case <-d.usable:
-		if !d.lb.isOpen() {
-			d.log.Info("an upstream passed this instance's check: accepting proxied connections on the shared socket")
-			d.lb.set(true)
-		}
-	case <-ctx.Done():
+// openShared opens the shared proxy socket's gate once a check of this
+// instance's passed an upstream (onFirstPass): a successor with none usable
+// must not take clients from the instance it took over from, which serves
+// them. Any other proxy socket's gate is open.
+func (d *daemon) openShared() {
+	if !d.lb.isOpen() {
+		d.log.Info("an upstream passed this instance's check: accepting proxied connections on the shared socket")
+		d.lb.set(true)
 	}
 }
 
-// onFirstPass returns check, which closes passed once a check has passed.
-func onFirstPass(check checkFunc, passed chan<- struct{}) checkFunc {
-	var once sync.Once
+// onFirstPass returns check, which calls passed once a check has passed.
+func onFirstPass(check checkFunc, passed func()) checkFunc {
+	passed = sync.OnceFunc(passed)
 	return func(ctx context.Context, addr string) checkResult {
 		res := check(ctx, addr)
 		if res.err == nil && res.notReady == nil {
-			once.Do(func() { close(passed) })
+			passed()
 		}
 		return res
 	}

@@ -139,29 +139,21 @@ func upstreamControl(log *slog.Logger) func(network, address string, rc syscall.
 	}
 }
 
-// listenTCP opens the proxy listener. Accepted connections get the
-// keepalive settings of the spec from the ListenConfig, and their receive
-// buffer from the listening socket's.
+// listenTCP opens the proxy listener, set up as a passed one is
+// (activatedProxyListener).
 func listenTCP(ctx context.Context, addr string) (net.Listener, error) {
-	lc := net.ListenConfig{
-		KeepAliveConfig: clientKeepAlive(),
-		Control: func(_, _ string, rc syscall.RawConn) error {
-			_ = setRcvBuf(rc, sockRcvBuf) // best effort, as on the upstream sockets
-			return nil
-		},
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr) // an error names the address
+	if err != nil {
+		return nil, err
 	}
-	return lc.Listen(ctx, "tcp", addr) // an error names the address
+	return activatedProxyListener(ln.(*net.TCPListener)), nil //nolint:forcetypeassert // a "tcp" listener's
 }
 
-// clientKeepAlive is the spec's keepalive for accepted connections.
-func clientKeepAlive() net.KeepAliveConfig {
-	return net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9}
-}
-
-// activatedProxyListener gives a listener the service manager opened what
-// listenTCP gives its own: the receive buffer, and the keepalive settings
-// on every accepted connection, which a listener made from a descriptor
-// does not apply.
+// activatedProxyListener sets up the proxy's listener, its own or one the
+// service manager or the running instance passed: accepted connections get
+// their receive buffer from the listening socket's (best effort, as on the
+// upstream sockets) and the spec's keepalive (keepAliveListener), which a
+// listener made from a descriptor does not apply from a ListenConfig.
 func activatedProxyListener(ln *net.TCPListener) net.Listener {
 	if rc, err := ln.SyscallConn(); err == nil {
 		_ = setRcvBuf(rc, sockRcvBuf)
@@ -177,7 +169,7 @@ func (l keepAliveListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	_ = c.SetKeepAliveConfig(clientKeepAlive())
+	_ = c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9})
 	return c, nil
 }
 
