@@ -181,11 +181,7 @@ func takeOver(path string) (lns []*net.TCPListener, c *net.UnixConn, pid int, er
 	case err != nil:
 		return nil, nil, 0, err
 	}
-	c, ok := conn.(*net.UnixConn)
-	if !ok {
-		_ = conn.Close()
-		return nil, nil, 0, fmt.Errorf("%s is not a unix socket", path)
-	}
+	c = conn.(*net.UnixConn) //nolint:forcetypeassert // a unix dial's
 	if pid, err = samePeer(c); err == nil {
 		_ = c.SetDeadline(time.Now().Add(handoverTimeout))
 		lns, err = readListeners(c)
@@ -232,7 +228,7 @@ func readListeners(c *net.UnixConn) ([]*net.TCPListener, error) {
 }
 
 // handover serves hand-overs of the daemon's listening sockets on its unix
-// socket. daemon.run owns it and runs serve.
+// socket, path. openSockets makes it; daemon.run owns it and runs serve.
 type handover struct {
 	path string
 	ln   *net.UnixListener // serve's first
@@ -244,15 +240,6 @@ type handover struct {
 	// given is set by serve while a successor serves the proxy's socket
 	// too; run reads it at the stop (listeners.go).
 	given atomic.Bool
-}
-
-// listenHandover serves hand-overs of lb's and health's sockets on path.
-func listenHandover(path string, log *slog.Logger, lb, health *steadyListener) (*handover, error) {
-	ln, err := bindOver(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
-	}
-	return &handover{path: path, ln: ln, log: log, lb: lb, health: health}, nil
 }
 
 // bindOver listens on a fresh unix socket renamed over path, replacing
@@ -383,13 +370,11 @@ func (h *handover) share(ctx context.Context, c *net.UnixConn, taken []*steadyLi
 	for i, s := range taken {
 		addrs[i] = s.Addr().String()
 	}
+	msg := "handed the listening sockets to a new instance, but not the proxy's: this one serves it alone, and SIGTERM closes its connections at once"
 	if h.given.Load() {
-		h.log.Info("handed the listening sockets to a new instance, which serves them too; SIGTERM now stops this one without refusing a connection",
-			"pid", pid, "taken", addrs)
-	} else {
-		h.log.Info("handed the listening sockets to a new instance, but not the proxy's: this one serves it alone, and SIGTERM closes its connections at once",
-			"pid", pid, "taken", addrs)
+		msg = "handed the listening sockets to a new instance, which serves them too; SIGTERM now stops this one without refusing a connection"
 	}
+	h.log.Info(msg, "pid", pid, "taken", addrs)
 	if !awaitClose(ctx, c) {
 		return nil
 	}

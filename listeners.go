@@ -147,13 +147,16 @@ func openSockets(ctx context.Context, cfg *config, getenv func(string) string, l
 	if err != nil || cfg.HandoverSocket == "" {
 		return s, err
 	}
-	if s.handover, err = listenHandover(cfg.HandoverSocket, log.With("component", "handover"), s.lb, s.health); err != nil {
+	ln, err := bindOver(cfg.HandoverSocket)
+	if err != nil {
 		_, _ = s.lb.Close(), s.health.Close()
 		if s.predecessor != nil {
 			_ = s.predecessor.Close()
 		}
+		return s, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
 	}
-	return s, err
+	s.handover = &handover{path: cfg.HandoverSocket, ln: ln, log: log.With("component", "handover"), lb: s.lb, health: s.health}
+	return s, nil
 }
 
 // listen opens the proxy's and the health server's listeners, or adopts
