@@ -159,12 +159,9 @@ func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, 
 	return o, true
 }
 
-// listenPort returns the port ln listens on, 0 if it is not a TCP one.
+// listenPort returns the port ln, a TCP listener, listens on.
 func listenPort(ln net.Listener) int {
-	if tcp, ok := ln.Addr().(*net.TCPAddr); ok {
-		return tcp.Port
-	}
-	return 0
+	return ln.Addr().(*net.TCPAddr).Port //nolint:forcetypeassert // every listener here is a TCP one
 }
 
 // takeOver asks the instance serving path for its listening sockets. It
@@ -250,14 +247,13 @@ func bindOver(path string) (*net.UnixListener, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = ln.Close() // which removes tmp
+		return nil, err
+	}
 	// Once a successor renames its socket over path, the path is its own;
 	// a stopping daemon must not remove it.
 	ln.SetUnlinkOnClose(false)
-	if err := os.Rename(tmp, path); err != nil {
-		_ = ln.Close()
-		_ = os.Remove(tmp)
-		return nil, err
-	}
 	return ln, nil
 }
 
@@ -393,8 +389,7 @@ func (h *handover) share(ctx context.Context, c *net.UnixConn, taken []*steadyLi
 // reports whether the peer closed it.
 func awaitClose(ctx context.Context, c *net.UnixConn) bool {
 	_ = c.SetReadDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })
-	defer stop()
+	defer context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })()
 	_, _ = io.Copy(io.Discard, c)
 	return ctx.Err() == nil
 }
