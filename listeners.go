@@ -1,6 +1,6 @@
 package main
 
-// The daemon's listening sockets. sockets opens them at start; with no
+// The daemon's listening sockets. openSockets opens them at start; with no
 // socket passed or handed over, listen opens its own, and the rest of this
 // file and handover.go, beyond the spec, can be skipped: listening sockets
 // that outlive the process, so that a restart or an upgrade refuses no
