@@ -93,9 +93,9 @@ func samePeer(c *net.UnixConn) (int, error) {
 // takeOverOrListen takes the listeners over from the instance serving
 // --handover-socket, or opens its own when none answers there, the hand-over
 // fails, or the flags name other ports (an upgrade that moves a port).
-func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opened, error) {
+func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (sockets, error) {
 	if err := ownDir(filepath.Dir(cfg.HandoverSocket)); err != nil {
-		return opened{}, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
+		return sockets{}, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
 	}
 	lns, c, pid, err := takeOver(cfg.HandoverSocket)
 	refused := errors.Is(err, syscall.ECONNREFUSED)
@@ -108,8 +108,7 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opene
 		}
 		_ = c.Close()
 	}
-	o := opened{}
-	o.lb, o.health, _, err = listen(ctx, cfg, nil)
+	o, err := listen(ctx, cfg, nil, log)
 	if refused && errors.Is(err, syscall.EADDRINUSE) {
 		err = fmt.Errorf("%w: the hand-over socket %s refused connections, so what holds the port cannot be asked for it: "+
 			"an instance started without this --handover-socket, or of a version that does not take the path back when its successor stops; stop it",
@@ -122,10 +121,11 @@ func takeOverOrListen(ctx context.Context, cfg *config, log *slog.Logger) (opene
 // pid), that are on the flags' ports its listeners, and acknowledges them on
 // c, naming their ports: an acknowledgement means they are adopted. The
 // others it closes: after an upgrade that moves a port, the old port's
-// socket stays the old instance's, and the new one opens its own. ok false,
-// with lns closed, when none is on the flags' ports or they cannot be
-// adopted; c then gets no answer.
-func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, pid int, lns []*net.TCPListener) (o opened, ok bool) {
+// socket stays the old instance's, and the new one opens its own. A shared
+// proxy socket's gate stays shut (openSockets). ok false, with lns closed,
+// when none is on the flags' ports or they cannot be adopted; c then gets
+// no answer.
+func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, pid int, lns []*net.TCPListener) (o sockets, ok bool) {
 	var kept []*net.TCPListener
 	var ports []string
 	for _, ln := range lns {
@@ -137,13 +137,14 @@ func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, 
 		_ = ln.Close()
 	}
 	if len(kept) == 0 {
-		return opened{}, false
+		return sockets{}, false
 	}
-	var err error
-	if o.lb, o.health, o.lbShared, err = listen(ctx, cfg, kept); err != nil {
+	o, err := listen(ctx, cfg, kept, log)
+	if err != nil {
 		log.Warn("the running instance's listening sockets are not where the flags say; opening them", "err", err)
-		return opened{}, false
+		return sockets{}, false
 	}
+	o.lb.set(!o.lbPassed)
 	if _, err := io.WriteString(c, handoverAck+handoverPorts+" "+strings.Join(ports, " ")+"\n"); err != nil {
 		// It stopped waiting; the sockets are shared all the same, and
 		// follow sees its end closed.
@@ -151,19 +152,16 @@ func adopt(ctx context.Context, cfg *config, log *slog.Logger, c *net.UnixConn, 
 	}
 	o.predecessor = c
 	msg := "took over the listening sockets from the running instance"
-	if o.lbShared {
+	if o.lbPassed {
 		msg += "; it alone takes proxied connections until a check of this instance's passes an upstream"
 	}
 	log.Info(msg, "pid", pid, "ports", ports, "listen", o.lb.Addr().String(), "health", o.health.Addr().String())
 	return o, true
 }
 
-// listenPort returns the port ln listens on, 0 if it is not a TCP one.
+// listenPort returns the port ln, a TCP listener, listens on.
 func listenPort(ln net.Listener) int {
-	if tcp, ok := ln.Addr().(*net.TCPAddr); ok {
-		return tcp.Port
-	}
-	return 0
+	return ln.Addr().(*net.TCPAddr).Port //nolint:forcetypeassert // every listener here is a TCP one
 }
 
 // takeOver asks the instance serving path for its listening sockets. It
@@ -180,11 +178,7 @@ func takeOver(path string) (lns []*net.TCPListener, c *net.UnixConn, pid int, er
 	case err != nil:
 		return nil, nil, 0, err
 	}
-	c, ok := conn.(*net.UnixConn)
-	if !ok {
-		_ = conn.Close()
-		return nil, nil, 0, fmt.Errorf("%s is not a unix socket", path)
-	}
+	c = conn.(*net.UnixConn) //nolint:forcetypeassert // a unix dial's
 	if pid, err = samePeer(c); err == nil {
 		_ = c.SetDeadline(time.Now().Add(handoverTimeout))
 		lns, err = readListeners(c)
@@ -231,7 +225,7 @@ func readListeners(c *net.UnixConn) ([]*net.TCPListener, error) {
 }
 
 // handover serves hand-overs of the daemon's listening sockets on its unix
-// socket. daemon.run owns it and runs serve.
+// socket, path. openSockets makes it; daemon.run owns it and runs serve.
 type handover struct {
 	path string
 	ln   *net.UnixListener // serve's first
@@ -245,15 +239,6 @@ type handover struct {
 	given atomic.Bool
 }
 
-// listenHandover serves hand-overs of lb's and health's sockets on path.
-func listenHandover(path string, log *slog.Logger, lb, health *steadyListener) (*handover, error) {
-	ln, err := bindOver(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
-	}
-	return &handover{path: path, ln: ln, log: log, lb: lb, health: health}, nil
-}
-
 // bindOver listens on a fresh unix socket renamed over path, replacing
 // whatever is there: the newest instance is the one to ask.
 func bindOver(path string) (*net.UnixListener, error) {
@@ -262,14 +247,13 @@ func bindOver(path string) (*net.UnixListener, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = ln.Close() // which removes tmp
+		return nil, err
+	}
 	// Once a successor renames its socket over path, the path is its own;
 	// a stopping daemon must not remove it.
 	ln.SetUnlinkOnClose(false)
-	if err := os.Rename(tmp, path); err != nil {
-		_ = ln.Close()
-		_ = os.Remove(tmp)
-		return nil, err
-	}
 	return ln, nil
 }
 
@@ -382,13 +366,11 @@ func (h *handover) share(ctx context.Context, c *net.UnixConn, taken []*steadyLi
 	for i, s := range taken {
 		addrs[i] = s.Addr().String()
 	}
+	msg := "handed the listening sockets to a new instance, but not the proxy's: this one serves it alone, and SIGTERM closes its connections at once"
 	if h.given.Load() {
-		h.log.Info("handed the listening sockets to a new instance, which serves them too; SIGTERM now stops this one without refusing a connection",
-			"pid", pid, "taken", addrs)
-	} else {
-		h.log.Info("handed the listening sockets to a new instance, but not the proxy's: this one serves it alone, and SIGTERM closes its connections at once",
-			"pid", pid, "taken", addrs)
+		msg = "handed the listening sockets to a new instance, which serves them too; SIGTERM now stops this one without refusing a connection"
 	}
+	h.log.Info(msg, "pid", pid, "taken", addrs)
 	if !awaitClose(ctx, c) {
 		return nil
 	}
@@ -407,8 +389,7 @@ func (h *handover) share(ctx context.Context, c *net.UnixConn, taken []*steadyLi
 // reports whether the peer closed it.
 func awaitClose(ctx context.Context, c *net.UnixConn) bool {
 	_ = c.SetReadDeadline(time.Time{})
-	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })
-	defer stop()
+	defer context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Now()) })()
 	_, _ = io.Copy(io.Discard, c)
 	return ctx.Err() == nil
 }
@@ -425,27 +406,24 @@ func (d *daemon) follow(ctx context.Context) {
 	}
 }
 
-// openOnUsable opens the shared proxy socket's gate once a check of this
-// instance's passed an upstream: a successor with none usable must not
-// take clients from the instance it took over from, which serves them.
-func (d *daemon) openOnUsable(ctx context.Context) {
-	select {
-	case <-d.usable:
-		if !d.lb.isOpen() {
-			d.log.Info("an upstream passed this instance's check: accepting proxied connections on the shared socket")
-			d.lb.set(true)
-		}
-	case <-ctx.Done():
+// openShared opens the shared proxy socket's gate once a check of this
+// instance's passed an upstream (onFirstPass): a successor with none usable
+// must not take clients from the instance it took over from, which serves
+// them. Any other proxy socket's gate is open.
+func (d *daemon) openShared() {
+	if !d.lb.isOpen() {
+		d.log.Info("an upstream passed this instance's check: accepting proxied connections on the shared socket")
+		d.lb.set(true)
 	}
 }
 
-// onFirstPass returns check, which closes passed once a check has passed.
-func onFirstPass(check checkFunc, passed chan<- struct{}) checkFunc {
-	var once sync.Once
+// onFirstPass returns check, which calls passed once a check has passed.
+func onFirstPass(check checkFunc, passed func()) checkFunc {
+	passed = sync.OnceFunc(passed)
 	return func(ctx context.Context, addr string) checkResult {
 		res := check(ctx, addr)
 		if res.err == nil && res.notReady == nil {
-			once.Do(func() { close(passed) })
+			passed()
 		}
 		return res
 	}

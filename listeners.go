@@ -1,6 +1,6 @@
 package main
 
-// The daemon's listening sockets. sockets opens them at start; with no
+// The daemon's listening sockets. openSockets opens them at start; with no
 // socket passed or handed over, listen opens its own, and the rest of this
 // file and handover.go, beyond the spec, can be skipped: listening sockets
 // that outlive the process, so that a restart or an upgrade refuses no
@@ -112,69 +112,63 @@ func closeAll(lns []*net.TCPListener) {
 	}
 }
 
-// opened is what sockets opened.
-type opened struct {
-	lb, health net.Listener
-	lbPassed   bool // the service manager passed the proxy's socket
+// sockets are the daemon's listeners, and what keeps them beyond the
+// process.
+type sockets struct {
+	lb, health *steadyListener
+	// lbPassed says the proxy's socket was passed: by the service
+	// manager, or, with predecessor set, by the instance that handed the
+	// sockets over.
+	lbPassed bool
+	handover *handover // nil without --handover-socket
 	// predecessor is the hand-over connection to the instance that handed
-	// sockets over, nil if none did; lbShared says the proxy's socket was
-	// one of them.
+	// the sockets over, nil if none did; follow owns it.
 	predecessor *net.UnixConn
-	lbShared    bool
 }
 
-func (o opened) close() {
-	_, _ = o.lb.Close(), o.health.Close()
-	if o.predecessor != nil {
-		_ = o.predecessor.Close()
-	}
-}
-
-// outlive prepares for the listening sockets to outlive the process:
-// passed by the service manager (lbPassed), or handed on to a successor
-// through --handover-socket. Handlers then outlive serve
-// (listeners.go). A proxy socket shared with the instance that handed
-// it over is not accepted on until openOnUsable or follow opens its gate.
-func (d *daemon) outlive(s opened) (err error) {
-	d.activated, d.predecessor = s.lbPassed, s.predecessor
-	d.lb = newSteadyListener(s.lb, d.proxy.log, "", &d.proxy.stalledSince)
-	d.lb.set(!s.lbShared)
-	d.health = newSteadyListener(s.health, d.log, "health server ", new(atomic.Int64))
-	if d.cfg.HandoverSocket != "" {
-		if d.handover, err = listenHandover(d.cfg.HandoverSocket, d.log.With("component", "handover"), d.lb, d.health); err != nil {
-			return err
-		}
-	}
-	d.proxy.graceful = s.lbPassed || d.handover != nil
-	return nil
-}
-
-// sockets opens the daemon's listeners: those the service manager passed
-// (listeners.go), else those the running instance hands over
-// (handover.go), else its own.
-func sockets(ctx context.Context, cfg *config, getenv func(string) string, log *slog.Logger) (s opened, err error) {
+// openSockets opens the daemon's listeners: those the service manager
+// passed, else those the running instance hands over (handover.go), else
+// its own. With --handover-socket it serves hand-overs of them too. A
+// proxy socket shared with the instance that handed it over is not
+// accepted on until openShared or follow opens its gate.
+func openSockets(ctx context.Context, cfg *config, getenv func(string) string, log *slog.Logger) (s sockets, err error) {
 	passed, err := activatedListeners(getenv, listenFDsStart)
 	if err != nil {
-		return opened{}, err
+		return s, err
 	}
 	for _, ln := range passed {
 		log.Info("using the listening socket the service manager passed", "address", ln.Addr().String())
 	}
 	if len(passed) > 0 || cfg.HandoverSocket == "" {
-		s.lb, s.health, s.lbPassed, err = listen(ctx, cfg, passed)
+		s, err = listen(ctx, cfg, passed, log)
+	} else {
+		s, err = takeOverOrListen(ctx, cfg, log)
+	}
+	if err != nil || cfg.HandoverSocket == "" {
 		return s, err
 	}
-	return takeOverOrListen(ctx, cfg, log)
+	ln, err := bindOver(cfg.HandoverSocket)
+	if err != nil {
+		_, _ = s.lb.Close(), s.health.Close()
+		if s.predecessor != nil {
+			_ = s.predecessor.Close()
+		}
+		return s, fmt.Errorf("%s: %w", flagRef("handover-socket"), err)
+	}
+	s.handover = &handover{path: cfg.HandoverSocket, ln: ln, log: log.With("component", "handover"), lb: s.lb, health: s.health}
+	return s, nil
 }
 
 // listen opens the proxy's and the health server's listeners, or adopts
 // those among passed, the sockets the service manager passed or the running
 // instance handed over, so that a bind error surfaces, naming its flags,
-// before anything else starts. lbPassed reports that the proxy's listener
-// is one of passed. It closes passed on error.
-func listen(ctx context.Context, cfg *config, passed []*net.TCPListener) (lb, health net.Listener, lbPassed bool, err error) {
+// before anything else starts, and makes their accept loops (log is the
+// daemon's). lbPassed reports that the proxy's listener is one of passed.
+// It closes passed on error.
+func listen(ctx context.Context, cfg *config, passed []*net.TCPListener, log *slog.Logger) (sockets, error) {
 	const lbFlags, healthFlags = "--bind-address, --bind-port", "--health-bind-address, --health-port"
 	var lbTCP, healthTCP *net.TCPListener
+	var err error
 	for _, ln := range passed {
 		switch port := listenPort(ln); {
 		case port == cfg.BindPort && lbTCP == nil:
@@ -188,6 +182,7 @@ func listen(ctx context.Context, cfg *config, passed []*net.TCPListener) (lb, he
 			break
 		}
 	}
+	var lb, health net.Listener
 	if err == nil {
 		lb, err = openOr(ctx, lbTCP, cfg.BindAddress, cfg.BindPort, "load balancer listener ("+lbFlags+")", listenTCP, activatedProxyListener)
 	}
@@ -199,9 +194,10 @@ func listen(ctx context.Context, cfg *config, passed []*net.TCPListener) (lb, he
 		if lb != nil {
 			_ = lb.Close()
 		}
-		return nil, nil, false, err
+		return sockets{}, err
 	}
-	return lb, health, lbTCP != nil, nil
+	return sockets{lb: newSteadyListener(lb, log.With("component", "proxy"), "", new(atomic.Int64)),
+		health: newSteadyListener(health, log, "health server ", new(atomic.Int64)), lbPassed: lbTCP != nil}, nil
 }
 
 // passedOn checks that ln, passed on a flag's port, is on host too when
@@ -248,7 +244,7 @@ const (
 func (d *daemon) stopGracefully() {
 	var spread time.Duration
 	switch {
-	case d.activated:
+	case d.lbPassed && d.predecessor == nil: // the service manager passed it
 	case d.handover != nil && d.handover.given.Load():
 		spread = handoverSpread
 	default:

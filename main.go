@@ -159,16 +159,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, environ
 	for _, ig := range cfg.warnings(environ) {
 		log.Warn("setting has no effect", "setting", ig.setting, "because", ig.because)
 	}
-	s, err := sockets(ctx, cfg, getenv, log)
+	s, err := openSockets(ctx, cfg, getenv, log)
 	if err != nil {
 		return err
 	}
-	d := newDaemon(cfg, log, s.lb.Addr().String(), hangups)
-	if err := d.outlive(s); err != nil {
-		s.close()
-		return err
-	}
-	return d.run(ctx)
+	return newDaemon(cfg, log, s, hangups).run(ctx)
 }
 
 // daemon wires the parts together; run owns every goroutine it starts.
@@ -184,18 +179,14 @@ type daemon struct {
 	limitBy   string         // what sets the connection limit
 	listen    string         // the proxy listener's address
 	hangups   <-chan os.Signal
-	activated bool      // the service manager passed the proxy's socket
-	handover  *handover // nil without --handover-socket
-	// lb and health are the listeners (outlive). predecessor is the
-	// hand-over connection to the instance that handed them over, nil if
-	// none did; follow owns it. usable is closed once a check passed an
-	// upstream (onFirstPass).
-	lb, health  *steadyListener
-	predecessor *net.UnixConn
-	usable      chan struct{}
+	// sockets are the listeners, and what keeps them open beyond the
+	// process (listeners.go): all a reader needs of it when no socket is
+	// passed or handed over is lb and health.
+	sockets
 }
 
-func newDaemon(cfg *config, log *slog.Logger, lbAddr string, hangups <-chan os.Signal) *daemon {
+// newDaemon makes the daemon that serves s.
+func newDaemon(cfg *config, log *slog.Logger, s sockets, hangups <-chan os.Signal) *daemon {
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg)
 	var sel selector = randomSelector{}
@@ -215,11 +206,14 @@ func newDaemon(cfg *config, log *slog.Logger, lbAddr string, hangups <-chan os.S
 		}
 		check, pc.forget = rp.check, rp.forget
 	}
-	usable := make(chan struct{})
-	pl := newPool(log, m, pc, onFirstPass(check, usable), sel)
-	d := &daemon{cfg: cfg, log: log, reg: reg, pool: pl, heartbeat: newHeartbeat(cfg.LivenessThreshold), listen: lbAddr, hangups: hangups, usable: usable}
+	d := &daemon{cfg: cfg, log: log, reg: reg, heartbeat: newHeartbeat(cfg.LivenessThreshold), listen: s.lb.Addr().String(), hangups: hangups, sockets: s}
+	d.pool = newPool(log, m, pc, onFirstPass(check, d.openShared), sel)
 	limit, limitBy := maxConnections(openFilesLimit(), memoryLimit())
-	d.proxy, d.limitBy = newProxy(log.With("component", "proxy"), m, pl, cfg.HealthTimeout, limit), limitBy
+	d.proxy, d.limitBy = newProxy(log.With("component", "proxy"), m, d.pool, cfg.HealthTimeout, limit), limitBy
+	d.lb.stalledSince = &d.proxy.stalledSince // the liveness beat reads it
+	// A listening socket that outlives the process lets handlers outlive
+	// serve (listeners.go).
+	d.proxy.graceful = s.lbPassed || s.handover != nil
 	d.discovery = d.newDiscovery(m)
 	return d
 }
@@ -278,7 +272,6 @@ func (d *daemon) run(ctx context.Context) error {
 	}
 	if d.predecessor != nil {
 		wg.Go(func() { d.follow(ctx) })
-		wg.Go(func() { d.openOnUsable(ctx) })
 	}
 
 	d.loop(ctx, applied, toCache)
@@ -299,7 +292,7 @@ func (d *daemon) run(ctx context.Context) error {
 
 // ready backs /readyz: an upstream is usable, and this instance takes
 // proxied connections, which a successor does only once its own check
-// passed one (openOnUsable).
+// passed one (openShared).
 func (d *daemon) ready() bool {
 	return d.lb.isOpen() && d.pool.ready()
 }

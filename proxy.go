@@ -139,46 +139,25 @@ func upstreamControl(log *slog.Logger) func(network, address string, rc syscall.
 	}
 }
 
-// listenTCP opens the proxy listener. Accepted connections get the
-// keepalive settings of the spec from the ListenConfig, and their receive
-// buffer from the listening socket's.
+// listenTCP opens the proxy listener. Accepted connections get their
+// receive buffer from the listening socket's, and their keepalive from
+// prepareClient.
 func listenTCP(ctx context.Context, addr string) (net.Listener, error) {
-	lc := net.ListenConfig{
-		KeepAliveConfig: clientKeepAlive(),
-		Control: func(_, _ string, rc syscall.RawConn) error {
-			_ = setRcvBuf(rc, sockRcvBuf) // best effort, as on the upstream sockets
-			return nil
-		},
-	}
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		_ = setRcvBuf(rc, sockRcvBuf) // best effort, as on the upstream sockets
+		return nil
+	}}
 	return lc.Listen(ctx, "tcp", addr) // an error names the address
 }
 
-// clientKeepAlive is the spec's keepalive for accepted connections.
-func clientKeepAlive() net.KeepAliveConfig {
-	return net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9}
-}
-
-// activatedProxyListener gives a listener the service manager opened what
-// listenTCP gives its own: the receive buffer, and the keepalive settings
-// on every accepted connection, which a listener made from a descriptor
-// does not apply.
+// activatedProxyListener gives a listener the service manager or the
+// running instance passed what listenTCP gives its own: the receive
+// buffer.
 func activatedProxyListener(ln *net.TCPListener) net.Listener {
 	if rc, err := ln.SyscallConn(); err == nil {
 		_ = setRcvBuf(rc, sockRcvBuf)
 	}
-	return keepAliveListener{ln}
-}
-
-// keepAliveListener sets the spec's keepalive on each connection it accepts.
-type keepAliveListener struct{ *net.TCPListener }
-
-func (l keepAliveListener) Accept() (net.Conn, error) {
-	c, err := l.AcceptTCP()
-	if err != nil {
-		return nil, err
-	}
-	_ = c.SetKeepAliveConfig(clientKeepAlive())
-	return c, nil
+	return ln
 }
 
 // serve accepts connections on sl until ctx is done. It survives every
@@ -238,14 +217,16 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 	p.logEnd(ctx, pc, start, toUpstream, toClient)
 }
 
-// prepareClient sets TCP_USER_TIMEOUT and TCP_NOTSENT_LOWAT on an accepted
-// client socket, the settings it does not get from the listener; best
-// effort: keepalive still applies. TCP_NOTSENT_LOWAT set on the listener
+// prepareClient sets the spec's keepalive, TCP_USER_TIMEOUT and
+// TCP_NOTSENT_LOWAT on an accepted client socket, the settings it does not
+// get from the listener; best effort: Go's default keepalive, on from the
+// accept, still applies. TCP_NOTSENT_LOWAT set on the listener
 // would not reach it: Go's listeners are MPTCP ones where the kernel has
 // MPTCP, which keep that option for MPTCP connections, not the plain TCP
 // ones that TCP clients get.
 func prepareClient(c net.Conn) {
 	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: tcpKeepAliveIdle, Interval: 15 * time.Second, Count: 9})
 		if rc, err := tc.SyscallConn(); err == nil {
 			_ = setUserTimeout(rc, tcpUserTimeout)
 			_ = setNotsentLowat(rc, sockNotsentLowat)

@@ -46,7 +46,7 @@ func sockOpt(t *testing.T, c net.Conn, level, opt int) (v int) {
 
 // TestClientSocketsGetKeepaliveAndUserTimeout: an accepted client socket
 // has the spec's keepalive, TCP_USER_TIMEOUT and the buffer bounds, the
-// receive buffer from the listener and TCP_NOTSENT_LOWAT from prepareClient.
+// receive buffer from the listener and the rest from prepareClient.
 func TestClientSocketsGetKeepaliveAndUserTimeout(t *testing.T) {
 	ln, err := listenTCP(t.Context(), "127.0.0.1:0")
 	if err != nil {

@@ -144,10 +144,11 @@ func TestListenAdoptsPassedSockets(t *testing.T) {
 	t.Run("proxy passed", func(t *testing.T) {
 		ln, _ := listenerFile(t)
 		c := cfg("127.0.0.1", ln.Addr().(*net.TCPAddr).Port)
-		lb, health, lbPassed, err := listen(ctx, c, []*net.TCPListener{ln})
-		if err != nil || !lbPassed {
-			t.Fatalf("got %v, passed %v; want the passed listener", err, lbPassed)
+		s, err := listen(ctx, c, []*net.TCPListener{ln}, testLogger(t))
+		if err != nil || !s.lbPassed {
+			t.Fatalf("got %v, passed %v; want the passed listener", err, s.lbPassed)
 		}
+		lb, health := s.lb, s.health
 		defer lb.Close()
 		defer health.Close()
 		if lb.Addr().String() != ln.Addr().String() || health.Addr().(*net.TCPAddr).Port != c.HealthPort {
@@ -168,7 +169,7 @@ func TestListenAdoptsPassedSockets(t *testing.T) {
 			if tc.samePort {
 				port = ln.Addr().(*net.TCPAddr).Port
 			}
-			_, _, _, err := listen(ctx, cfg(tc.bind, port), []*net.TCPListener{ln})
+			_, err := listen(ctx, cfg(tc.bind, port), []*net.TCPListener{ln}, testLogger(t))
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), ln.Addr().String()) {
 				t.Errorf("got %v; want an error naming %s and %q", err, ln.Addr(), tc.want)
 			}
