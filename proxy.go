@@ -141,9 +141,10 @@ func upstreamControl(log *slog.Logger) func(network, address string, rc syscall.
 
 // listenTCP opens the proxy listener. Accepted connections get their
 // receive buffer from the listening socket's, and their keepalive from
-// prepareClient.
+// prepareClient alone: KeepAlive -1 spares Go's default settings at each
+// accept, four system calls that prepareClient would undo.
 func listenTCP(ctx context.Context, addr string) (net.Listener, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+	lc := net.ListenConfig{KeepAlive: -1, Control: func(_, _ string, rc syscall.RawConn) error {
 		_ = setRcvBuf(rc, sockRcvBuf) // best effort, as on the upstream sockets
 		return nil
 	}}
@@ -219,8 +220,9 @@ func (p *proxy) handle(ctx context.Context, client net.Conn) {
 
 // prepareClient sets the spec's keepalive, TCP_USER_TIMEOUT and
 // TCP_NOTSENT_LOWAT on an accepted client socket, the settings it does not
-// get from the listener; best effort: Go's default keepalive, on from the
-// accept, still applies. TCP_NOTSENT_LOWAT set on the listener
+// get from the listener; best effort: a connection works without them.
+// (A passed listener's accept also applies Go's default keepalive first,
+// which this replaces.) TCP_NOTSENT_LOWAT set on the listener
 // would not reach it: Go's listeners are MPTCP ones where the kernel has
 // MPTCP, which keep that option for MPTCP connections, not the plain TCP
 // ones that TCP clients get.
