@@ -92,12 +92,6 @@ func failedProbe(ctx context.Context, addr string, why error) checkResult {
 	return res
 }
 
-// usable says whether kt's connections may carry a probe with the
-// credentials sum.
-func (kt *keptTransport) usable(sum [sha256.Size]byte, now time.Time) bool {
-	return kt.creds == sum && now.Sub(kt.since) < keptMaxAge
-}
-
 // transport returns addr's transport, its kept connection closed first
 // when it is keptMaxAge old or was made with other credentials than sum.
 func (r *readyzProbe) transport(addr string, sum [sha256.Size]byte) *keptTransport {
@@ -115,7 +109,7 @@ func (r *readyzProbe) transport(addr string, sum [sha256.Size]byte) *keptTranspo
 		}
 		r.kept[addr] = kt
 	}
-	if now := time.Now(); !kt.usable(sum, now) {
+	if now := time.Now(); kt.creds != sum || now.Sub(kt.since) >= keptMaxAge {
 		kt.CloseIdleConnections()
 		kt.creds, kt.since = sum, now
 	}

@@ -46,9 +46,8 @@ func tcpCheck(ctx context.Context, addr string) checkResult {
 }
 
 func connectTimed(ctx context.Context, addr string) (net.Conn, time.Duration, error) {
-	var d net.Dialer
 	start := time.Now()
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, 0, fmt.Errorf("health check %s: %w", addr, err)
 	}
@@ -100,7 +99,10 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		if ctx.Err() != nil {
 			return // stopped mid-check: the result says nothing about u
 		}
-		next := p.nextInterval(checks)
+		next := jitter(p.cfg.interval, p.cfg.jitter) // no jitter: interval itself
+		if checks == 0 && p.cfg.jitter != 0 {
+			next = time.Duration(rand.Int64N(int64(p.cfg.interval)) + 1) //nolint:gosec // spreading needs no unpredictability
+		}
 		if isLocalExhaustion(res.err) || isLocalExhaustion(res.notReady) {
 			// Out of descriptors here: blaming u would mark every
 			// upstream dead at once. Try again next interval.
@@ -110,15 +112,6 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		}
 		t.Reset(next)
 	}
-}
-
-// nextInterval is the delay of the check after check number n (from 0)
-// when that one passed: interval, randomized as poolConfig.jitter says.
-func (p *pool) nextInterval(n int) time.Duration {
-	if n == 0 && p.cfg.jitter != 0 {
-		return time.Duration(rand.Int64N(int64(p.cfg.interval)) + 1) //nolint:gosec // spreading needs no unpredictability
-	}
-	return jitter(p.cfg.interval, p.cfg.jitter) // no jitter: interval itself
 }
 
 // readyzProbe is the --health-check=readyz check: a TCP connect, then an
@@ -180,14 +173,27 @@ func (r *readyzProbe) check(ctx context.Context, addr string) checkResult {
 // cfg made from the credentials sum, over its kept connection or a TLS
 // connection on c (none if c is nil), and reports nil for a 200 answer.
 // Redirects are not followed: they are answers other than 200. c is closed
-// unless it became the kept connection.
+// unless it became the kept connection. The token is read for each probe.
 func (r *readyzProbe) probe(ctx context.Context, addr string, c net.Conn, cfg *tls.Config, sum [sha256.Size]byte) error {
 	dl, _ := ctx.Deadline()
 	fresh := &freshConn{c: c, cfg: cfg, deadline: dl}
 	defer fresh.closeUnused()
-	req, err := r.request(context.WithValue(ctx, freshConnKey{}, fresh))
+	// The name only fills the Host header: the request goes over the
+	// connection already made. An IPv6 address needs brackets in a URL:
+	// JoinHostPort adds them, and the port it joins is trimmed again.
+	host := strings.TrimSuffix(net.JoinHostPort(r.serverName, ""), ":")
+	ctx = context.WithValue(ctx, freshConnKey{}, fresh)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+host+"/readyz", nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("readyz: %w", err)
+	}
+	req.Header.Set("User-Agent", "extractedprism")
+	if r.tokenFile != "" {
+		tok, err := r.read(r.tokenFile)
+		if err != nil {
+			return fmt.Errorf("readyz: read token: %w", err)
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
 	}
 	resp, err := r.transport(addr, sum).RoundTrip(req)
 	if err != nil {
@@ -255,24 +261,4 @@ func (r *readyzProbe) keyPair() (cert tls.Certificate, err error) {
 		}
 	}
 	return cert, err
-}
-
-func (r *readyzProbe) request(ctx context.Context) (*http.Request, error) {
-	// The name only fills the Host header: the request goes over the
-	// connection already made. An IPv6 address needs brackets in a URL:
-	// JoinHostPort adds them, and the port it joins is trimmed again.
-	host := strings.TrimSuffix(net.JoinHostPort(r.serverName, ""), ":")
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+host+"/readyz", nil)
-	if err != nil {
-		return nil, fmt.Errorf("readyz: %w", err)
-	}
-	req.Header.Set("User-Agent", "extractedprism")
-	if r.tokenFile != "" {
-		tok, err := r.read(r.tokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("readyz: read token: %w", err)
-		}
-		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
-	}
-	return req, nil
 }

@@ -121,7 +121,6 @@ func stalledInfo(ti *unix.TCPInfo) time.Duration {
 // TCP_INFO. A reaction comes within replyLagMillis: an HTTP/2 client
 // acknowledges data with a WINDOW_UPDATE at once, a new request comes
 // later.
-
 func infoAnswered(ti *unix.TCPInfo) time.Duration {
 	if ti == nil || ti.Bytes_received == 0 || ti.Last_data_recv+replyLagMillis < ti.Last_data_sent {
 		return 0
@@ -142,11 +141,10 @@ const replyLagMillis = 10
 // that has carried nothing counts from its handshake, also while it waited
 // in the listen backlog.
 func quietFor(c net.Conn) (quiet time.Duration, spoke, ok bool) {
-	ti := tcpInfo(c)
-	if ti == nil {
-		return 0, false, false
+	if ti := tcpInfo(c); ti != nil {
+		return infoQuiet(ti), ti.Bytes_received > 0, true
 	}
-	return infoQuiet(ti), ti.Bytes_received > 0, true
+	return 0, false, false
 }
 
 // lookAt reads pc's sockets once each for the closer (see connLook).
@@ -188,11 +186,10 @@ func socketUIDs(socks []sockPair) []int {
 	buf := make([]byte, 1024)
 	out := make([]int, len(socks))
 	for i, sp := range socks {
-		out[i] = -1
-		if sp.local.IsValid() {
-			if out[i], err = diagUID(fd, sp, uint32(i+1), buf); err != nil {
-				return nil
-			}
+		if !sp.local.IsValid() {
+			out[i] = -1
+		} else if out[i], err = diagUID(fd, sp, uint32(i+1), buf); err != nil {
+			return nil
 		}
 	}
 	return out
