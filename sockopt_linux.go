@@ -52,13 +52,12 @@ func setNotsentLowat(rc syscall.RawConn, n int) error {
 	return setOption(rc, unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT, n)
 }
 
-func setOption(rc syscall.RawConn, level, opt, value int) error {
-	var serr error
-	err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, opt, value) })
-	if serr != nil {
-		return fmt.Errorf("setsockopt %d: %w", opt, serr)
+func setOption(rc syscall.RawConn, level, opt, value int) (err error) {
+	cerr := rc.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), level, opt, value) })
+	if err != nil {
+		return fmt.Errorf("setsockopt %d: %w", opt, err)
 	}
-	return err // a Control that fails has not run the setsockopt
+	return cerr // a Control that fails has not run the setsockopt
 }
 
 // tcpInfo returns c's TCP_INFO; nil if c is no TCP socket or its
