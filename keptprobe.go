@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"sync/atomic"
 	"time"
 )
@@ -41,14 +42,11 @@ import (
 const keptMaxAge = 5 * time.Minute
 
 // keptTransport is an upstream's transport, with the credentials its
-// connections were made with, when it began to make them, and the TCP
-// connection under the last one it made, whose round-trip time the kernel
-// measures.
+// connections were made with and when it began to make them.
 type keptTransport struct {
 	*http.Transport
 	creds [sha256.Size]byte
 	since time.Time
-	last  atomic.Pointer[net.Conn]
 }
 
 // checkKept probes addr over its kept connection alone, within the first
@@ -59,7 +57,7 @@ type keptTransport struct {
 // unreachable one; asking /readyz again there would let an API server
 // losing etcd, whose answers hang or pass by turns, pass. The round-trip
 // time is the kernel's estimate for the kept connection (none outside
-// Linux).
+// Linux), which the transport names as it hands it to the request.
 func (r *readyzProbe) checkKept(ctx context.Context, addr string, cfg *tls.Config, sum [sha256.Size]byte) (checkResult, bool) {
 	dl, ok := ctx.Deadline()
 	if !ok {
@@ -67,6 +65,8 @@ func (r *readyzProbe) checkKept(ctx context.Context, addr string, cfg *tls.Confi
 	}
 	kctx, cancel := context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
 	defer cancel()
+	var kept net.Conn // GotConn runs in this goroutine, within RoundTrip
+	kctx = httptrace.WithClientTrace(kctx, &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { kept = i.Conn }})
 	err := r.probe(kctx, addr, nil, cfg, sum)
 	switch {
 	case errors.Is(kctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
@@ -74,7 +74,11 @@ func (r *readyzProbe) checkKept(ctx context.Context, addr string, cfg *tls.Confi
 	case err != nil && !errors.Is(err, errNotReady):
 		return checkResult{}, false // no kept connection, or a broken one
 	}
-	return checkResult{rtt: r.keptRTT(addr), probed: true, notReady: err}, true
+	var rtt time.Duration
+	if tc, ok := kept.(*tls.Conn); ok { // dialFresh's, as every connection of the transport
+		rtt = connRTT(tc.NetConn())
+	}
+	return checkResult{rtt: rtt, probed: true, notReady: err}, true
 }
 
 // failedProbe is the result of a probe that failed for why before a
@@ -86,27 +90,6 @@ func failedProbe(ctx context.Context, addr string, why error) checkResult {
 		res.probed, res.notReady = true, why
 	}
 	return res
-}
-
-// keptRTT is the kernel's round-trip time of addr's kept connection, 0 if
-// it has none.
-func (r *readyzProbe) keptRTT(addr string) time.Duration {
-	r.mu.Lock()
-	kt := r.kept[addr]
-	r.mu.Unlock()
-	if kt == nil { // forgotten meanwhile: the probe loop ends
-		return 0
-	}
-	if c := kt.last.Load(); c != nil {
-		return connRTT(*c)
-	}
-	return 0
-}
-
-// usable says whether kt's connections may carry a probe with the
-// credentials sum.
-func (kt *keptTransport) usable(sum [sha256.Size]byte, now time.Time) bool {
-	return kt.creds == sum && now.Sub(kt.since) < keptMaxAge
 }
 
 // transport returns addr's transport, its kept connection closed first
@@ -126,7 +109,7 @@ func (r *readyzProbe) transport(addr string, sum [sha256.Size]byte) *keptTranspo
 		}
 		r.kept[addr] = kt
 	}
-	if now := time.Now(); !kt.usable(sum, now) {
+	if now := time.Now(); kt.creds != sum || now.Sub(kt.since) >= keptMaxAge {
 		kt.CloseIdleConnections()
 		kt.creds, kt.since = sum, now
 	}
@@ -147,13 +130,12 @@ func (r *readyzProbe) forget(addr string) {
 }
 
 // freshConn is the connection a probe's TCP check has just made, for
-// dialFresh to take once, with the probe's TLS configuration, deadline and
-// transport; c is nil for a probe on the kept connection alone.
+// dialFresh to take once, with the probe's TLS configuration and deadline;
+// c is nil for a probe on the kept connection alone.
 type freshConn struct {
 	c        net.Conn
 	cfg      *tls.Config
 	deadline time.Time
-	kt       *keptTransport
 	taken    atomic.Bool
 }
 
@@ -186,22 +168,5 @@ func dialFresh(ctx context.Context, _, _ string) (net.Conn, error) {
 		return nil, fmt.Errorf("TLS handshake: %w", err)
 	}
 	_ = f.c.SetDeadline(time.Time{}) // the transport heeds each request's context
-	f.kt.last.Store(&f.c)
 	return tc, nil
-}
-
-// credsSum identifies the credentials a TLS configuration was built from:
-// the CA bundle and the client certificate chain. A probe with other
-// credentials does not use a connection made with the old ones.
-func credsSum(caPEM []byte, cert *tls.Certificate) [sha256.Size]byte {
-	h := sha256.New()
-	_, _ = h.Write(caPEM)
-	if cert != nil {
-		for _, der := range cert.Certificate {
-			_, _ = h.Write(der)
-		}
-	}
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return sum
 }

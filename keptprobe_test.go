@@ -223,24 +223,32 @@ func TestReadyzProbeForgetDuringProbe(t *testing.T) {
 	waitFor(t, "the probe's connection closed", func() bool { return s.accepted.Load() == s.closed.Load() })
 }
 
+// TestKeptTransportUsable: transport keeps addr's connections for a probe
+// with the same credentials within keptMaxAge, and closes them to begin
+// anew (since is reset) for other credentials or once they are that old.
 func TestKeptTransportUsable(t *testing.T) {
-	now := time.Now()
 	sum := sha256.Sum256([]byte("creds"))
-	kt := &keptTransport{creds: sum, since: now}
 	tests := []struct {
 		name string
 		sum  [sha256.Size]byte
-		at   time.Time
+		age  time.Duration
 		want bool
 	}{
-		{"same credentials", sum, now.Add(time.Minute), true},
-		{"other credentials", sha256.Sum256([]byte("rotated")), now.Add(time.Minute), false},
-		{"just within the age", sum, now.Add(keptMaxAge - time.Millisecond), true},
-		{"too old", sum, now.Add(keptMaxAge), false},
+		{"same credentials", sum, time.Minute, true},
+		{"other credentials", sha256.Sum256([]byte("rotated")), time.Minute, false},
+		{"just within the age", sum, keptMaxAge - time.Second, true},
+		{"too old", sum, keptMaxAge, false},
 	}
 	for _, tt := range tests {
-		if got := kt.usable(tt.sum, tt.at); got != tt.want {
-			t.Errorf("%s: usable = %v; want %v", tt.name, got, tt.want)
+		var r readyzProbe
+		since := time.Now().Add(-tt.age)
+		r.transport("a:1", sum).since = since
+		kt := r.transport("a:1", tt.sum)
+		if got := kt.since.Equal(since); got != tt.want {
+			t.Errorf("%s: kept = %v; want %v", tt.name, got, tt.want)
+		}
+		if kt.creds != tt.sum {
+			t.Errorf("%s: transport records other credentials than the probe's", tt.name)
 		}
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -46,9 +46,8 @@ func tcpCheck(ctx context.Context, addr string) checkResult {
 }
 
 func connectTimed(ctx context.Context, addr string) (net.Conn, time.Duration, error) {
-	var d net.Dialer
 	start := time.Now()
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, 0, fmt.Errorf("health check %s: %w", addr, err)
 	}
@@ -100,7 +99,10 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		if ctx.Err() != nil {
 			return // stopped mid-check: the result says nothing about u
 		}
-		next := p.nextInterval(checks)
+		next := jitter(p.cfg.interval, p.cfg.jitter) // no jitter: interval itself
+		if checks == 0 && p.cfg.jitter != 0 {
+			next = time.Duration(rand.Int64N(int64(p.cfg.interval)) + 1) //nolint:gosec // spreading needs no unpredictability
+		}
 		if isLocalExhaustion(res.err) || isLocalExhaustion(res.notReady) {
 			// Out of descriptors here: blaming u would mark every
 			// upstream dead at once. Try again next interval.
@@ -110,19 +112,6 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		}
 		t.Reset(next)
 	}
-}
-
-// nextInterval is the delay of the check after check number n (from 0)
-// when that one passed: interval, randomized as poolConfig.jitter says.
-func (p *pool) nextInterval(n int) time.Duration {
-	iv := p.cfg.interval
-	switch {
-	case p.cfg.jitter == 0:
-		return iv
-	case n == 0:
-		return time.Duration(rand.Int64N(int64(iv)) + 1) //nolint:gosec // spreading needs no unpredictability
-	}
-	return jitter(iv, p.cfg.jitter)
 }
 
 // readyzProbe is the --health-check=readyz check: a TCP connect, then an
@@ -184,18 +173,29 @@ func (r *readyzProbe) check(ctx context.Context, addr string) checkResult {
 // cfg made from the credentials sum, over its kept connection or a TLS
 // connection on c (none if c is nil), and reports nil for a 200 answer.
 // Redirects are not followed: they are answers other than 200. c is closed
-// unless it became the kept connection.
+// unless it became the kept connection. The token is read for each probe.
 func (r *readyzProbe) probe(ctx context.Context, addr string, c net.Conn, cfg *tls.Config, sum [sha256.Size]byte) error {
 	dl, _ := ctx.Deadline()
 	fresh := &freshConn{c: c, cfg: cfg, deadline: dl}
 	defer fresh.closeUnused()
-	req, err := r.request(context.WithValue(ctx, freshConnKey{}, fresh))
+	// The name only fills the Host header: the request goes over the
+	// connection already made. An IPv6 address needs brackets in a URL:
+	// JoinHostPort adds them, and the port it joins is trimmed again.
+	host := strings.TrimSuffix(net.JoinHostPort(r.serverName, ""), ":")
+	ctx = context.WithValue(ctx, freshConnKey{}, fresh)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+host+"/readyz", nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("readyz: %w", err)
 	}
-	kt := r.transport(addr, sum)
-	fresh.kt = kt
-	resp, err := kt.RoundTrip(req)
+	req.Header.Set("User-Agent", "extractedprism")
+	if r.tokenFile != "" {
+		tok, err := r.read(r.tokenFile)
+		if err != nil {
+			return fmt.Errorf("readyz: read token: %w", err)
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	}
+	resp, err := r.transport(addr, sum).RoundTrip(req)
 	if err != nil {
 		return fmt.Errorf("readyz: %w", err)
 	}
@@ -211,9 +211,10 @@ func (r *readyzProbe) probe(ctx context.Context, addr string, c net.Conn, cfg *t
 }
 
 // tlsConfig builds the probe's TLS configuration from the credential
-// files, and returns the sum that identifies them (see credsSum).
-func (r *readyzProbe) tlsConfig() (*tls.Config, [sha256.Size]byte, error) {
-	var sum [sha256.Size]byte
+// files, and returns the sum that identifies the credentials: of the CA
+// bundle and the client certificate chain. A probe with other credentials
+// does not use a connection made with the old ones.
+func (r *readyzProbe) tlsConfig() (cfg *tls.Config, sum [sha256.Size]byte, err error) {
 	caPEM, err := r.read(r.caFile)
 	if err != nil {
 		return nil, sum, fmt.Errorf("readyz: read CA: %w", err)
@@ -222,21 +223,22 @@ func (r *readyzProbe) tlsConfig() (*tls.Config, [sha256.Size]byte, error) {
 	if !roots.AppendCertsFromPEM(caPEM) {
 		return nil, sum, fmt.Errorf("readyz: no certificate in CA file %s", r.caFile)
 	}
-	cfg := &tls.Config{
+	cfg = &tls.Config{
 		RootCAs:    roots,
 		ServerName: r.serverName,
 		MinVersion: tls.VersionTLS12,
 		NextProtos: []string{"http/1.1"},
 	}
-	if r.certFile == "" {
-		return cfg, credsSum(caPEM, nil), nil
+	creds := [][]byte{caPEM}
+	if r.certFile != "" {
+		cert, err := r.keyPair()
+		if err != nil {
+			return nil, sum, fmt.Errorf("readyz: load client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+		creds = append(creds, cert.Certificate...)
 	}
-	cert, err := r.keyPair()
-	if err != nil {
-		return nil, sum, fmt.Errorf("readyz: load client certificate: %w", err)
-	}
-	cfg.Certificates = []tls.Certificate{cert}
-	return cfg, credsSum(caPEM, &cert), nil
+	return cfg, sha256.Sum256(slices.Concat(creds...)), nil
 }
 
 // keyPair reads the client certificate and key. One file holding both, as
@@ -244,46 +246,19 @@ func (r *readyzProbe) tlsConfig() (*tls.Config, [sha256.Size]byte, error) {
 // rotation cannot pair the old certificate with the new key. Two files are
 // read again once if they do not match: the rotation of both fell between
 // the two reads.
-func (r *readyzProbe) keyPair() (tls.Certificate, error) {
-	var cert tls.Certificate
-	var err error
+func (r *readyzProbe) keyPair() (cert tls.Certificate, err error) {
 	for range 2 {
-		var certPEM, keyPEM []byte
-		if certPEM, err = r.read(r.certFile); err != nil {
-			return cert, err
+		certPEM, rerr := r.read(r.certFile)
+		keyPEM := certPEM
+		if rerr == nil && r.keyFile != r.certFile {
+			keyPEM, rerr = r.read(r.keyFile)
 		}
-		keyPEM = certPEM
-		if r.keyFile != r.certFile {
-			if keyPEM, err = r.read(r.keyFile); err != nil {
-				return cert, err
-			}
+		if rerr != nil {
+			return cert, rerr
 		}
 		if cert, err = tls.X509KeyPair(certPEM, keyPEM); err == nil || r.keyFile == r.certFile {
 			return cert, err
 		}
 	}
 	return cert, err
-}
-
-func (r *readyzProbe) request(ctx context.Context) (*http.Request, error) {
-	// The name only fills the Host header: the request goes over the
-	// connection already made. An IPv6 address needs brackets in a URL.
-	host := r.serverName
-	if strings.Contains(host, ":") {
-		host = "[" + host + "]"
-	}
-	target := url.URL{Scheme: "https", Host: host, Path: "/readyz"}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target.String(), nil)
-	if err != nil {
-		return nil, fmt.Errorf("readyz: %w", err)
-	}
-	req.Header.Set("User-Agent", "extractedprism")
-	if r.tokenFile != "" {
-		tok, err := r.read(r.tokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("readyz: read token: %w", err)
-		}
-		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
-	}
-	return req, nil
 }

@@ -52,13 +52,12 @@ func setNotsentLowat(rc syscall.RawConn, n int) error {
 	return setOption(rc, unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT, n)
 }
 
-func setOption(rc syscall.RawConn, level, opt, value int) error {
-	var serr error
-	err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), level, opt, value) })
-	if serr != nil {
-		return fmt.Errorf("setsockopt %d: %w", opt, serr)
+func setOption(rc syscall.RawConn, level, opt, value int) (err error) {
+	cerr := rc.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), level, opt, value) })
+	if err != nil {
+		return fmt.Errorf("setsockopt %d: %w", opt, err)
 	}
-	return err // a Control that fails has not run the setsockopt
+	return cerr // a Control that fails has not run the setsockopt
 }
 
 // tcpInfo returns c's TCP_INFO; nil if c is no TCP socket or its
@@ -121,7 +120,6 @@ func stalledInfo(ti *unix.TCPInfo) time.Duration {
 // TCP_INFO. A reaction comes within replyLagMillis: an HTTP/2 client
 // acknowledges data with a WINDOW_UPDATE at once, a new request comes
 // later.
-
 func infoAnswered(ti *unix.TCPInfo) time.Duration {
 	if ti == nil || ti.Bytes_received == 0 || ti.Last_data_recv+replyLagMillis < ti.Last_data_sent {
 		return 0
@@ -142,11 +140,10 @@ const replyLagMillis = 10
 // that has carried nothing counts from its handshake, also while it waited
 // in the listen backlog.
 func quietFor(c net.Conn) (quiet time.Duration, spoke, ok bool) {
-	ti := tcpInfo(c)
-	if ti == nil {
-		return 0, false, false
+	if ti := tcpInfo(c); ti != nil {
+		return infoQuiet(ti), ti.Bytes_received > 0, true
 	}
-	return infoQuiet(ti), ti.Bytes_received > 0, true
+	return 0, false, false
 }
 
 // lookAt reads pc's sockets once each for the closer (see connLook).
@@ -188,11 +185,10 @@ func socketUIDs(socks []sockPair) []int {
 	buf := make([]byte, 1024)
 	out := make([]int, len(socks))
 	for i, sp := range socks {
-		out[i] = -1
-		if sp.local.IsValid() {
-			if out[i], err = diagUID(fd, sp, uint32(i+1), buf); err != nil {
-				return nil
-			}
+		if !sp.local.IsValid() {
+			out[i] = -1
+		} else if out[i], err = diagUID(fd, sp, uint32(i+1), buf); err != nil {
+			return nil
 		}
 	}
 	return out
