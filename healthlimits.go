@@ -54,8 +54,8 @@ const (
 	// healthRecvBuffer is the listener's SO_RCVBUF, which the sockets it
 	// accepts inherit: autotuned, what 400 pipelining clients sent ahead
 	// of their answers queued 13 MiB in the server's receive queues. A
-	// request is a few hundred bytes, its headers at most
-	// healthMaxHeaderBytes, which a smaller window only paces.
+	// request is a few hundred bytes, its headers at most the server's
+	// MaxHeaderBytes, which a smaller window only paces.
 	healthRecvBuffer = 4 << 10
 )
 
