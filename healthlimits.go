@@ -62,10 +62,7 @@ const (
 // listenHealth opens the health server's listener, with TCP_DEFER_ACCEPT
 // and a small receive buffer where the kernel has them.
 func listenHealth(ctx context.Context, addr string) (net.Listener, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-		healthListenerOptions(rc)
-		return nil
-	}}
+	lc := net.ListenConfig{Control: healthListenerOptions}
 	return lc.Listen(ctx, "tcp", addr) // an error names the address
 }
 
@@ -73,16 +70,18 @@ func listenHealth(ctx context.Context, addr string) (net.Listener, error) {
 // the running instance handed over, the options of listenHealth.
 func activatedHealthListener(ln *net.TCPListener) net.Listener {
 	if rc, err := ln.SyscallConn(); err == nil {
-		healthListenerOptions(rc)
+		_ = healthListenerOptions("", "", rc)
 	}
 	return ln
 }
 
 // healthListenerOptions sets the health listener's options, best effort:
-// connCap still bounds the connections without them.
-func healthListenerOptions(rc syscall.RawConn) {
+// connCap still bounds the connections without them, so it never fails. It
+// is a net.ListenConfig Control function.
+func healthListenerOptions(_, _ string, rc syscall.RawConn) error {
 	_ = setDeferAccept(rc, healthDeferAccept)
 	_ = setRcvBuf(rc, healthRecvBuffer)
+	return nil
 }
 
 // dropBodies closes the connection of a request that comes with a body
@@ -149,19 +148,9 @@ const (
 	rankUnread
 )
 
-// rankReason is the reason connCap counts a close of a member of rank r
-// under: a new connection closed for want of another is counted as new.
-func rankReason(r int) string {
-	switch r {
-	case rankStalled:
-		return reasonStalled
-	case rankIdle:
-		return reasonIdle
-	case rankBusy:
-		return reasonBusy
-	}
-	return reasonNew
-}
+// rankReasons are the reasons connCap counts a close of a member of each
+// rank under: a new connection closed for want of another is counted as new.
+var rankReasons = [...]string{rankStalled: reasonStalled, rankIdle: reasonIdle, rankBusy: reasonBusy, rankUnread: reasonNew}
 
 func newConnCap(limit int, log *slog.Logger, m *metrics) *connCap {
 	return &connCap{
@@ -177,12 +166,8 @@ func newConnCap(limit int, log *slog.Logger, m *metrics) *connCap {
 // what the socket still queues at once: closed with a FIN, a socket whose
 // peer never reads keeps its unsent bytes, orphaned, for minutes.
 func (cc *connCap) track(c net.Conn, state http.ConnState) {
-	now := time.Now()
 	cc.mu.Lock()
-	victim, reason := cc.enterLocked(c, state, now)
-	if hc, ok := victim.(*healthConn); ok {
-		victim = hc.TCPConn // for closeAbortive
-	}
+	victim, reason := cc.enterLocked(c, state, time.Now())
 	if victim != nil {
 		closeAbortive(victim) // net/http reports it closed soon; it no longer counts
 	}
@@ -198,47 +183,41 @@ func (cc *connCap) track(c net.Conn, state http.ConnState) {
 
 // enterLocked moves c to state at now and returns the connection to close,
 // if any, and why.
-func (cc *connCap) enterLocked(c net.Conn, state http.ConnState, now time.Time) (net.Conn, string) {
-	_, member := cc.members[c]
+func (cc *connCap) enterLocked(c net.Conn, state http.ConnState, now time.Time) (victim net.Conn, reason string) {
+	s, member := cc.members[c]
 	switch {
-	case state == http.StateNew && len(cc.members) >= cc.max:
-		victim, reason := cc.pickLocked(now)
-		if victim == nil {
-			return c, reasonNew // never a member
-		}
-		delete(cc.members, victim)
-		cc.members[c] = capSlot{state: state, since: now}
-		return victim, reason
 	case state == http.StateNew:
+		if len(cc.members) >= cc.max {
+			if victim, reason = cc.pickLocked(now); victim == nil {
+				return c, reasonNew // never a member
+			}
+			delete(cc.members, victim)
+		}
 		cc.members[c] = capSlot{state: state, since: now}
 	case member && (state == http.StateActive || state == http.StateIdle):
-		s := cc.members[c]
 		s.state, s.since = state, now
 		if state == http.StateActive {
 			s.requests++
 		}
 		cc.members[c] = s
-	case !member: // closed by the cap; net/http catches up
-	default: // closed or hijacked
+	default: // closed or hijacked, or closed by the cap and net/http catching up
 		delete(cc.members, c)
 	}
-	return nil, ""
+	return victim, reason
 }
 
 // pickLocked returns the member to close first (see connCap) and why, or
 // nil if none may go. A scan is cheaper than keeping the order: the cap is
 // small, and a member's rank changes with time alone.
 func (cc *connCap) pickLocked(now time.Time) (net.Conn, string) {
-	var pick net.Conn
-	pickRank := rankUnread
-	var pickSince time.Time
+	pick, pickRank, pickSince := net.Conn(nil), rankUnread, time.Time{}
 	for c, s := range cc.members {
 		r, since := capRank(c, s, now)
 		if r < pickRank || (r == pickRank && r != rankUnread && since.Before(pickSince)) {
 			pick, pickRank, pickSince = c, r, since
 		}
 	}
-	return pick, rankReason(pickRank)
+	return pick, rankReasons[pickRank]
 }
 
 // capRank places c, where s says it is, in connCap's order of closing at
