@@ -161,12 +161,10 @@ func (m *metrics) discoveryNotStarted(name string) {
 // forgetUpstream deletes every per-upstream series of addr, once it has
 // drained and left the pool, as the spec requires.
 func (m *metrics) forgetUpstream(addr string) {
-	for _, v := range []interface{ DeleteLabelValues(labels ...string) bool }{
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.connectionErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus, m.dialSeconds, m.upstreamConns,
+		m.upstreamBytes, m.connsClosed,
 	} {
-		v.DeleteLabelValues(addr)
-	}
-	for _, v := range []*prometheus.CounterVec{m.upstreamBytes, m.connsClosed} {
 		v.DeletePartialMatch(prometheus.Labels{labelUpstream: addr})
 	}
 }
