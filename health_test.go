@@ -692,7 +692,7 @@ func TestHealthServerCapClosesStalledRequest(t *testing.T) {
 // wantClosedAtCap checks health_connections_closed_total in m by reason.
 func wantClosedAtCap(t *testing.T, m *metrics, stalled, idle, busy, newConn float64) {
 	t.Helper()
-	for reason, want := range map[string]float64{reasonStalled: stalled, reasonIdle: idle, reasonBusy: busy, reasonNew: newConn} {
+	for reason, want := range map[string]float64{"stalled": stalled, "waiting": idle, "busy": busy, "new": newConn} {
 		if got := testutil.ToFloat64(m.healthConnsClosed.WithLabelValues(reason)); got != want {
 			t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
 		}

@@ -148,9 +148,11 @@ const (
 	rankUnread
 )
 
-// rankReasons are the reasons connCap counts a close of a member of each
-// rank under: a new connection closed for want of another is counted as new.
-var rankReasons = [...]string{rankStalled: reasonStalled, rankIdle: reasonIdle, rankBusy: reasonBusy, rankUnread: reasonNew}
+// rankReasons are the reason label values of health_connections_closed_total
+// (metrics.healthConnsClosed), by the rank of the connection connCap closed:
+// one waiting on its client, an idle one, one inside a request; a new
+// connection closed for want of another is counted as new.
+var rankReasons = [...]string{rankStalled: "stalled", rankIdle: "waiting", rankBusy: "busy", rankUnread: "new"}
 
 func newConnCap(limit int, log *slog.Logger, m *metrics) *connCap {
 	return &connCap{
@@ -189,7 +191,7 @@ func (cc *connCap) enterLocked(c net.Conn, state http.ConnState, now time.Time) 
 	case state == http.StateNew:
 		if len(cc.members) >= cc.max {
 			if victim, reason = cc.pickLocked(now); victim == nil {
-				return c, reasonNew // never a member
+				return c, rankReasons[rankUnread] // never a member
 			}
 			delete(cc.members, victim)
 		}
@@ -258,16 +260,14 @@ type healthConn struct {
 	reading, writing atomic.Int64
 }
 
-func (c *healthConn) Read(p []byte) (int, error) {
-	c.reading.Store(1 + int64(time.Since(c.accepted)))
-	defer c.reading.Store(0)
-	return c.TCPConn.Read(p)
-}
+func (c *healthConn) Read(p []byte) (int, error)  { return c.timed(&c.reading, c.TCPConn.Read, p) }
+func (c *healthConn) Write(p []byte) (int, error) { return c.timed(&c.writing, c.TCPConn.Write, p) }
 
-func (c *healthConn) Write(p []byte) (int, error) {
-	c.writing.Store(1 + int64(time.Since(c.accepted)))
-	defer c.writing.Store(0)
-	return c.TCPConn.Write(p)
+// timed runs io on p with op marking it under way.
+func (c *healthConn) timed(op *atomic.Int64, io func([]byte) (int, error), p []byte) (int, error) {
+	op.Store(1 + int64(time.Since(c.accepted)))
+	defer op.Store(0)
+	return io(p)
 }
 
 // since reports whether the call op tracks is under way, and since when.

@@ -301,7 +301,7 @@ func TestHostileManyConcurrentRequests(t *testing.T) {
 		t.Errorf("/metrics answered 200 to none of %d concurrent scrapes; want some", requests/len(paths))
 	}
 	counted := 0
-	for _, reason := range []string{reasonStalled, reasonIdle, reasonBusy, reasonNew} {
+	for _, reason := range []string{"stalled", "waiting", "busy", "new"} {
 		counted += int(testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reason)))
 	}
 	if counted != closed {

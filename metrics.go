@@ -26,7 +26,7 @@ type metrics struct {
 	upstreamConns                                            *prometheus.GaugeVec     // upstream
 	buildInfo                                                *prometheus.GaugeVec     // version, revision, goversion
 	discoveryRunning                                         *prometheus.GaugeVec     // provider
-	healthConnsClosed                                        *prometheus.CounterVec   // reason: reasonStalled, reasonIdle, reasonBusy or reasonNew
+	healthConnsClosed                                        *prometheus.CounterVec   // reason: one of rankReasons
 	idleConnsClosed                                          *prometheus.CounterVec   // reason: reasonLimit, reasonTimeout or reasonShare
 	upstreamBytes                                            *prometheus.CounterVec   // upstream, direction: dirToUpstream or dirToClient
 	connsClosed                                              *prometheus.CounterVec   // upstream, reason: one of endReasons
@@ -37,17 +37,9 @@ const (
 	labelUpstream   = "upstream"
 	labelProvider   = "provider"
 
-	// The reasons of healthConnsClosed (see connCap): a connection waiting
-	// on its client, an idle one, one inside a request, or the new one.
-	reasonStalled = "stalled"
-	reasonIdle    = "waiting"
-	reasonBusy    = "busy"
-	reasonNew     = "new"
-
 	// The directions of upstreamBytes.
-	labelDirection = "direction"
-	dirToUpstream  = "to_upstream"
-	dirToClient    = "to_client"
+	dirToUpstream = "to_upstream"
+	dirToClient   = "to_client"
 )
 
 func gauge(name, help string) prometheus.Gauge {
@@ -125,7 +117,7 @@ func (m *metrics) addBeyondSpec() {
 		"Health server connections closed at its connection limit, the first of: reason=stalled, one waiting on its client (blocked writing an answer it does not read, reading a request it trickles, or over a second in a request); reason=waiting, an idle one; reason=busy, one inside a request; reason=new, the new one, when every other was accepted with its request but not yet read.", "reason")
 	// Every series exists from the start, so that rates over them work
 	// before the first closing.
-	for _, reason := range []string{reasonStalled, reasonIdle, reasonBusy, reasonNew} {
+	for _, reason := range rankReasons {
 		m.healthConnsClosed.WithLabelValues(reason)
 	}
 	m.idleConnsClosed = counterVec("idle_connections_closed_total",
@@ -134,7 +126,7 @@ func (m *metrics) addBeyondSpec() {
 	m.idleConnsClosed.WithLabelValues(reasonShare)
 	m.idleConnsClosed.WithLabelValues(reasonTimeout)
 	m.upstreamBytes = counterVec("upstream_bytes_total",
-		"Bytes proxied between clients and the upstream: direction=to_upstream, from clients; direction=to_client, from the upstream. Counted every MiB of a direction and at its end.", labelUpstream, labelDirection)
+		"Bytes proxied between clients and the upstream: direction=to_upstream, from clients; direction=to_client, from the upstream. Counted every MiB of a direction and at its end.", labelUpstream, "direction")
 	m.connsClosed = counterVec("connections_closed_total",
 		"Proxied connections of the upstream that ended, by how: client_closed, upstream_closed (a clean end that side started), reset, timeout (the kernel gave up on a silent peer), error, drain, eviction (unready while another was ready), sweep, idle, shutdown, rebalance (a long-lived connection moved off the most loaded upstream).", labelUpstream, "reason")
 	m.discoveryRunning = gaugeVec("discovery_running",
