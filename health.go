@@ -142,31 +142,31 @@ func newHealthServer(addr string, handler http.Handler, log *slog.Logger, m *met
 // serveHealth serves srv on ln until ctx is done, then shuts srv down,
 // giving in-flight requests healthShutdownTimeout before closing their
 // connections. It returns nil after a shutdown and the error of Serve if
-// serving stopped on its own. It does not return before the shutdown it
-// started has ended.
+// serving stopped on its own. It owns the goroutine that runs Serve (in
+// stack dumps, the one serveHealth created) and does not return before it
+// has ended.
 func serveHealth(ctx context.Context, srv *http.Server, ln net.Listener, log *slog.Logger) error {
 	sl := newSteadyListener(ln, log, "health server ", new(atomic.Int64))
 	sl.accepted = newHealthConn
-	shutDown := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(shutDown)
-		// ctx is done, and shutting down with it would abandon in-flight
-		// requests at once; WithoutCancel keeps only its values.
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), healthShutdownTimeout)
-		defer cancel()
-		if err := srv.Shutdown(shutdownCtx); err != nil {
-			log.Warn("health server shutdown timed out, closing connections", "err", err)
-			_ = srv.Close() // can fail only closing the listener a second time
-		}
-	})
-	err := srv.Serve(sl)
-	if !stop() { // ctx is done: wait for the shutdown to end
-		<-shutDown
-		// Shutdown makes Serve return ErrServerClosed at once; anything
-		// else is a serving error that raced with the shutdown.
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(sl) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve health on %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
 	}
-	return fmt.Errorf("serve health on %s: %w", ln.Addr(), err)
+	// ctx is done, and shutting down with it would abandon in-flight
+	// requests at once; WithoutCancel keeps only its values.
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), healthShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		log.Warn("health server shutdown timed out, closing connections", "err", err)
+		_ = srv.Close() // can fail only closing the listener a second time
+	}
+	// Shutdown makes Serve return ErrServerClosed at once; anything else is
+	// a serving error that raced with the shutdown.
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve health on %s: %w", ln.Addr(), err)
+	}
+	return nil
 }

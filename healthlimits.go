@@ -62,8 +62,7 @@ const (
 // listenHealth opens the health server's listener, with TCP_DEFER_ACCEPT
 // and a small receive buffer where the kernel has them.
 func listenHealth(ctx context.Context, addr string) (net.Listener, error) {
-	lc := net.ListenConfig{Control: healthListenerOptions}
-	return lc.Listen(ctx, "tcp", addr) // an error names the address
+	return (&net.ListenConfig{Control: healthListenerOptions}).Listen(ctx, "tcp", addr) // an error names the address
 }
 
 // activatedHealthListener gives a listener the service manager opened, or
@@ -132,11 +131,13 @@ type connCap struct {
 }
 
 // capSlot is where a connection is: StateNew, StateActive or StateIdle,
-// since when, and how many requests it has begun.
+// since when, and whether it has been idle. net/http reports a connection
+// idle between any two of its requests, pipelined or not, so an active one
+// that has been is inside its second or later request.
 type capSlot struct {
-	state    http.ConnState
-	since    time.Time
-	requests int
+	state  http.ConnState
+	since  time.Time
+	served bool
 }
 
 // The order in which connCap closes connections, first to last; it never
@@ -197,11 +198,7 @@ func (cc *connCap) enterLocked(c net.Conn, state http.ConnState, now time.Time) 
 		}
 		cc.members[c] = capSlot{state: state, since: now}
 	case member && (state == http.StateActive || state == http.StateIdle):
-		s.state, s.since = state, now
-		if state == http.StateActive {
-			s.requests++
-		}
-		cc.members[c] = s
+		cc.members[c] = capSlot{state: state, since: now, served: s.served || state == http.StateIdle}
 	default: // closed or hijacked, or closed by the cap and net/http catching up
 		delete(cc.members, c)
 	}
@@ -240,7 +237,7 @@ func capRank(c net.Conn, s capSlot, now time.Time) (int, time.Time) {
 		return rankIdle, s.since
 	case now.Sub(s.since) > healthStallAfter:
 		return rankStalled, s.since
-	case s.state == http.StateActive && s.requests > 1:
+	case s.state == http.StateActive && s.served:
 		return rankBusy, s.since
 	default:
 		return rankUnread, s.since

@@ -24,7 +24,6 @@ type metrics struct {
 	connLimit, drains                                        prometheus.Gauge
 	dialSeconds                                              *prometheus.HistogramVec // upstream
 	upstreamConns                                            *prometheus.GaugeVec     // upstream
-	buildInfo                                                *prometheus.GaugeVec     // version, revision, goversion
 	discoveryRunning                                         *prometheus.GaugeVec     // provider
 	healthConnsClosed                                        *prometheus.CounterVec   // reason: one of rankReasons
 	idleConnsClosed                                          *prometheus.CounterVec   // reason: reasonLimit, reasonTimeout or reasonShare
@@ -78,11 +77,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			"Upstream health state after the consecutive-failure threshold (1 healthy, 0 unhealthy).", labelUpstream),
 	}
 	m.addBeyondSpec()
+	buildInfo := gaugeVec("build_info", "Always 1; the labels say which build is running.", "version", "revision", "goversion")
 	reg.MustRegister(
 		m.upstreamsActive, m.upstreamsTotal, m.connectionsActive, m.connectionsTotal, m.connectionErrors,
 		m.discoveryUpdates, m.discoveryErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
 		m.hedgedDials, m.hedgedWins, m.deadConnsClosed, m.clientsRefused, m.connLimit,
-		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo, m.healthConnsClosed, m.discoveryRunning, m.idleConnsClosed,
+		m.dialSeconds, m.upstreamConns, m.drains, buildInfo, m.healthConnsClosed, m.discoveryRunning, m.idleConnsClosed,
 		m.upstreamBytes, m.connsClosed,
 		// The standard process_ and go_ metrics, which dashboards for any
 		// Go service chart. Their twins in prometheus/collectors would
@@ -91,7 +91,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		prometheus.NewGoCollector(),                                       //nolint:staticcheck // see above
 	)
 	version, revision := versionInfo()
-	m.buildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
+	buildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
 	return m
 }
 
@@ -112,7 +112,6 @@ func (m *metrics) addBeyondSpec() {
 	}, []string{labelUpstream})
 	m.upstreamConns = gaugeVec("upstream_connections", "Proxied connections currently open to the upstream.", labelUpstream)
 	m.drains = gauge("drains_in_progress", "Removed upstreams whose connections are still draining.")
-	m.buildInfo = gaugeVec("build_info", "Always 1; the labels say which build is running.", "version", "revision", "goversion")
 	m.healthConnsClosed = counterVec("health_connections_closed_total",
 		"Health server connections closed at its connection limit, the first of: reason=stalled, one waiting on its client (blocked writing an answer it does not read, reading a request it trickles, or over a second in a request); reason=waiting, an idle one; reason=busy, one inside a request; reason=new, the new one, when every other was accepted with its request but not yet read.", "reason")
 	// Every series exists from the start, so that rates over them work
