@@ -39,8 +39,10 @@ const (
 )
 
 // endNames are the reason label values, indexed by connEnd.
-var endNames = [numConnEnds]string{"", "client_closed", "upstream_closed", "reset", "timeout", "error",
-	"drain", "eviction", "sweep", "idle", "shutdown", "rebalance"}
+func endNames() [numConnEnds]string {
+	return [numConnEnds]string{"", "client_closed", "upstream_closed", "reset", "timeout", "error",
+		"drain", "eviction", "sweep", "idle", "shutdown", "rebalance"}
+}
 
 // connCounters are an upstream's byte and end counters, made with the
 // upstream so that every series exists from the start (rates work from the
@@ -57,7 +59,7 @@ func newConnCounters(m *metrics, addr string) connCounters {
 		toClient:   m.upstreamBytes.WithLabelValues(addr, dirToClient),
 	}
 	for r := connEndNone + 1; r < numConnEnds; r++ {
-		c.ends[r] = m.connsClosed.WithLabelValues(addr, endNames[r])
+		c.ends[r] = m.connsClosed.WithLabelValues(addr, endNames()[r])
 	}
 	return c
 }
@@ -107,7 +109,7 @@ func (p *proxy) logEnd(ctx context.Context, pc *proxyConn, start time.Time, toUp
 	}
 	args := []any{"client", pc.client.RemoteAddr().String(), "upstream", pc.owner.addr,
 		"duration", time.Since(start).Round(time.Millisecond), "to_upstream_bytes", toUpstream, "to_client_bytes", toClient,
-		"end", endNames[pc.ended.Load()]}
+		"end", endNames()[pc.ended.Load()]}
 	if suppressed > 0 {
 		args = append(args, "suppressed", suppressed)
 	}

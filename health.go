@@ -51,11 +51,6 @@ func (h *heartbeat) alive() (ok bool, reason string) {
 	return true, ""
 }
 
-// metricsMaxInFlight bounds concurrent /metrics requests. One or two
-// Prometheus servers scrape a node; more than this in flight means a
-// misbehaving client, which gets 503 instead of goroutines and memory.
-const metricsMaxInFlight = 4
-
 // newHealthHandler returns the health server's routes. live backs /healthz
 // and returns the reason when the daemon is not live; ready backs /readyz and
 // is true while at least one upstream is healthy and not draining; gatherer
@@ -70,8 +65,11 @@ func newHealthHandler(live func() (bool, string), ready func() bool, gatherer pr
 		// Our collectors are fixed and in memory, so a gathering error is
 		// a bug. Failing the scrape turns it into up == 0 in Prometheus
 		// rather than a partial page that nobody notices.
-		ErrorHandling:       promhttp.HTTPErrorOnError,
-		MaxRequestsInFlight: metricsMaxInFlight,
+		ErrorHandling: promhttp.HTTPErrorOnError,
+		// One or two Prometheus servers scrape a node; more than this in
+		// flight means a misbehaving client, which gets 503 instead of
+		// goroutines and memory.
+		MaxRequestsInFlight: 4,
 	}))
 	return mux
 }

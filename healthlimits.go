@@ -30,10 +30,6 @@ const (
 	// connection on the node. 128 fit in the descriptor reserve (fdReserve)
 	// with room for the probes and discovery.
 	healthMaxConns = 128
-	// healthDeferAccept keeps a connection that sends nothing away from the
-	// server for about this long (TCP_DEFER_ACCEPT), so a flood of silent
-	// connects costs the kernel a little and the server nothing meanwhile.
-	healthDeferAccept = 5 * time.Second
 	// healthStallAfter is how long a connection may stay inside a request,
 	// or unread, before connCap takes it for one that waits on its client.
 	// A probe is answered in milliseconds, a scrape in a few.
@@ -78,7 +74,10 @@ func activatedHealthListener(ln *net.TCPListener) net.Listener {
 // connCap still bounds the connections without them, so it never fails. It
 // is a net.ListenConfig Control function.
 func healthListenerOptions(_, _ string, rc syscall.RawConn) error {
-	_ = setDeferAccept(rc, healthDeferAccept)
+	// A connection that sends nothing stays away from the server for about
+	// this long (TCP_DEFER_ACCEPT), so a flood of silent connects costs the
+	// kernel a little and the server nothing meanwhile.
+	_ = setDeferAccept(rc, 5*time.Second)
 	_ = setRcvBuf(rc, healthRecvBuffer)
 	return nil
 }
@@ -112,9 +111,9 @@ func dropBodies(h http.Handler) http.Handler {
 //     longest first.
 //
 // A connection inside its first request, or accepted with it (see
-// healthDeferAccept) but not yet read, is never closed: that is how a probe
-// looks while it waits for a CPU. If only such are left, the new connection
-// is closed instead. Closing only connections outside a request let 128
+// healthListenerOptions) but not yet read, is never closed: that is how a
+// probe looks while it waits for a CPU. If only such are left, the new
+// connection is closed instead. Closing only connections outside a request let 128
 // clients that pipeline requests and never read hold every slot for the
 // write timeout, while each newcomer closed the one before it: the
 // kubelet's probe. Its track method is the server's ConnState hook.
@@ -153,7 +152,9 @@ const (
 // (metrics.healthConnsClosed), by the rank of the connection connCap closed:
 // one waiting on its client, an idle one, one inside a request; a new
 // connection closed for want of another is counted as new.
-var rankReasons = [...]string{rankStalled: "stalled", rankIdle: "waiting", rankBusy: "busy", rankUnread: "new"}
+func rankReasons() [rankUnread + 1]string {
+	return [...]string{rankStalled: "stalled", rankIdle: "waiting", rankBusy: "busy", rankUnread: "new"}
+}
 
 func newConnCap(limit int, log *slog.Logger, m *metrics) *connCap {
 	return &connCap{
@@ -187,17 +188,14 @@ func (cc *connCap) track(c net.Conn, state http.ConnState) {
 // enterLocked moves c to state at now and returns the connection to close,
 // if any, and why.
 func (cc *connCap) enterLocked(c net.Conn, state http.ConnState, now time.Time) (victim net.Conn, reason string) {
-	s, member := cc.members[c]
-	switch {
-	case state == http.StateNew:
-		if len(cc.members) >= cc.max {
-			if victim, reason = cc.pickLocked(now); victim == nil {
-				return c, rankReasons[rankUnread] // never a member
-			}
-			delete(cc.members, victim)
+	if state == http.StateNew && len(cc.members) >= cc.max {
+		if victim, reason = cc.pickLocked(now); victim == nil {
+			return c, reason // never a member
 		}
-		cc.members[c] = capSlot{state: state, since: now}
-	case member && (state == http.StateActive || state == http.StateIdle):
+		delete(cc.members, victim)
+	}
+	switch s, member := cc.members[c]; {
+	case state == http.StateNew, member && (state == http.StateActive || state == http.StateIdle):
 		cc.members[c] = capSlot{state: state, since: now, served: s.served || state == http.StateIdle}
 	default: // closed or hijacked, or closed by the cap and net/http catching up
 		delete(cc.members, c)
@@ -206,7 +204,7 @@ func (cc *connCap) enterLocked(c net.Conn, state http.ConnState, now time.Time) 
 }
 
 // pickLocked returns the member to close first (see connCap) and why, or
-// nil if none may go. A scan is cheaper than keeping the order: the cap is
+// nil if none may go, with the reason of closing the new one instead. A scan is cheaper than keeping the order: the cap is
 // small, and a member's rank changes with time alone.
 func (cc *connCap) pickLocked(now time.Time) (net.Conn, string) {
 	pick, pickRank, pickSince := net.Conn(nil), rankUnread, time.Time{}
@@ -216,7 +214,7 @@ func (cc *connCap) pickLocked(now time.Time) (net.Conn, string) {
 			pick, pickRank, pickSince = c, r, since
 		}
 	}
-	return pick, rankReasons[pickRank]
+	return pick, rankReasons()[pickRank]
 }
 
 // capRank places c, where s says it is, in connCap's order of closing at

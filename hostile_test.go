@@ -284,7 +284,7 @@ func TestHostileManyConcurrentRequests(t *testing.T) {
 			t.Errorf("GET %s: got %v; want an answer or a closed connection", r.path, r.err)
 		case r.path == "/metrics" && r.code == http.StatusServiceUnavailable:
 			answered++
-			metricsBusy++ // metricsMaxInFlight turned it away, as designed
+			metricsBusy++ // MaxRequestsInFlight turned it away, as designed
 		case r.path == "/metrics" && r.code == http.StatusOK && strings.Contains(r.body, "extractedprism_connections_total 7\n"):
 			answered++
 			metricsOK++

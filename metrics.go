@@ -116,7 +116,7 @@ func (m *metrics) addBeyondSpec() {
 		"Health server connections closed at its connection limit, the first of: reason=stalled, one waiting on its client (blocked writing an answer it does not read, reading a request it trickles, or over a second in a request); reason=waiting, an idle one; reason=busy, one inside a request; reason=new, the new one, when every other was accepted with its request but not yet read.", "reason")
 	// Every series exists from the start, so that rates over them work
 	// before the first closing.
-	for _, reason := range rankReasons {
+	for _, reason := range rankReasons() {
 		m.healthConnsClosed.WithLabelValues(reason)
 	}
 	m.idleConnsClosed = counterVec("idle_connections_closed_total",
