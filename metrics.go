@@ -152,7 +152,7 @@ func (m *metrics) discoveryNotStarted(name string) {
 // forgetUpstream deletes every per-upstream series of addr, once it has
 // drained and left the pool, as the spec requires.
 func (m *metrics) forgetUpstream(addr string) {
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+	for _, v := range []interface{ DeletePartialMatch(l prometheus.Labels) int }{
 		m.connectionErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus, m.dialSeconds, m.upstreamConns,
 		m.upstreamBytes, m.connsClosed,
 	} {
