@@ -58,10 +58,8 @@ func newConnCounters(m *metrics, addr string) connCounters {
 		toUpstream: m.upstreamBytes.WithLabelValues(addr, dirToUpstream),
 		toClient:   m.upstreamBytes.WithLabelValues(addr, dirToClient),
 	}
-	for r, name := range endNames() {
-		if r != int(connEndNone) {
-			c.ends[r] = m.connsClosed.WithLabelValues(addr, name)
-		}
+	for r := connEndNone + 1; r < numConnEnds; r++ {
+		c.ends[r] = m.connsClosed.WithLabelValues(addr, endNames()[r])
 	}
 	return c
 }

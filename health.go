@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -51,48 +50,39 @@ func (h *heartbeat) alive() (ok bool, reason string) {
 	return true, ""
 }
 
-// allowedMethods is the Allow header of every health server path.
-const allowedMethods = "GET, HEAD, OPTIONS"
-
-// metricsMaxInFlight bounds concurrent /metrics requests. One or two
-// Prometheus servers scrape a node; more than this in flight means a
-// misbehaving client, which gets 503 instead of goroutines and memory.
-const metricsMaxInFlight = 4
-
 // newHealthHandler returns the health server's routes. live backs /healthz
 // and returns the reason when the daemon is not live; ready backs /readyz and
 // is true while at least one upstream is healthy and not draining; gatherer
 // backs /metrics. Paths match exactly; anything else is 404. A new path
-// goes through readOnly like these, so the method rules stay in one place.
+// goes through handleReadOnly like these, so the method rules stay in one
+// place.
 func newHealthHandler(live func() (bool, string), ready func() bool, gatherer prometheus.Gatherer) *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("/healthz", readOnly(probeHandler(live)))
-	mux.Handle("/readyz", readOnly(probeHandler(func() (bool, string) { return ready(), "no healthy upstream" })))
-	mux.Handle("/metrics", readOnly(promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{
+	handleReadOnly(mux, "/healthz", probeHandler(live))
+	handleReadOnly(mux, "/readyz", probeHandler(func() (bool, string) { return ready(), "no healthy upstream" }))
+	handleReadOnly(mux, "/metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{
 		// Our collectors are fixed and in memory, so a gathering error is
 		// a bug. Failing the scrape turns it into up == 0 in Prometheus
 		// rather than a partial page that nobody notices.
-		ErrorHandling:       promhttp.HTTPErrorOnError,
-		MaxRequestsInFlight: metricsMaxInFlight,
-	})))
+		ErrorHandling: promhttp.HTTPErrorOnError,
+		// One or two Prometheus servers scrape a node; more than this in
+		// flight means a misbehaving client, which gets 503 instead of
+		// goroutines and memory.
+		MaxRequestsInFlight: 4,
+	}))
 	return mux
 }
 
-// readOnly applies the method rules shared by every health server path:
-// GET and HEAD reach h, OPTIONS answers 204, anything else 405. net/http
-// drops the body of a HEAD response, so h need not handle HEAD itself.
-func readOnly(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.Method {
-		case http.MethodGet, http.MethodHead:
-			h.ServeHTTP(w, r)
-		case http.MethodOptions:
-			w.Header().Set("Allow", allowedMethods)
-			w.WriteHeader(http.StatusNoContent)
-		default:
-			w.Header().Set("Allow", allowedMethods)
-			http.Error(w, http.StatusText(http.StatusMethodNotAllowed), http.StatusMethodNotAllowed)
-		}
+// handleReadOnly routes path on mux to h with the method rules shared by
+// every health server path: GET and HEAD reach h (net/http drops the body
+// of a HEAD response), OPTIONS answers 204, anything else 405. The mux
+// answers the 405 itself, with an Allow header naming the methods
+// registered for the path: the same as OPTIONS gives.
+func handleReadOnly(mux *http.ServeMux, path string, h http.Handler) {
+	mux.Handle("GET "+path, h)
+	mux.HandleFunc("OPTIONS "+path, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Allow", "GET, HEAD, OPTIONS")
+		w.WriteHeader(http.StatusNoContent)
 	})
 }
 
@@ -110,41 +100,36 @@ func probeHandler(check func() (bool, string)) http.Handler {
 	})
 }
 
-// Health server limits. Its clients are the kubelet (a new connection per
-// probe, with a timeout of a second or a few) and Prometheus (a scrape with
-// a timeout of about ten seconds); nothing legitimate comes close to them.
-const (
-	// A client that sends its headers a byte at a time (slowloris) would
-	// otherwise hold a connection and a goroutine as long as it likes.
-	healthReadHeaderTimeout = 5 * time.Second
-	// No request has a body (see dropBodies); the margin covers a slow
-	// network.
-	healthReadTimeout = 10 * time.Second
-	// Bounds a scrape whose client stops reading the response.
-	healthWriteTimeout = 15 * time.Second
-	// Prometheus reuses its connection between scrapes, up to a minute
-	// apart; an idle client must not pin a descriptor for ever.
-	healthIdleTimeout = 90 * time.Second
-	// Probes and scrapes send a few hundred bytes of headers; the default
-	// of 1 MiB lets every connection make the server buffer a megabyte.
-	healthMaxHeaderBytes = 8 << 10
-	// The spec gives in-flight health requests five seconds at shutdown.
-	healthShutdownTimeout = 5 * time.Second
-)
+// healthShutdownTimeout is what the spec gives in-flight health requests
+// at shutdown.
+const healthShutdownTimeout = 5 * time.Second
 
 // newHealthServer returns the health HTTP server for handler on addr, with
 // every timeout set, its connections capped and its internal errors logged
-// through log.
+// through log. Its clients are the kubelet (a new connection per probe, with
+// a timeout of a second or a few) and Prometheus (a scrape with a timeout of
+// about ten seconds); nothing legitimate comes close to its limits.
 func newHealthServer(addr string, handler http.Handler, log *slog.Logger, m *metrics) *http.Server {
 	return &http.Server{
-		Addr:              addr,
-		Handler:           dropBodies(handler),
-		ReadHeaderTimeout: healthReadHeaderTimeout,
-		ReadTimeout:       healthReadTimeout,
-		WriteTimeout:      healthWriteTimeout,
-		IdleTimeout:       healthIdleTimeout,
-		MaxHeaderBytes:    healthMaxHeaderBytes,
-		ConnState:         newConnCap(healthMaxConns, log, m).track,
+		Addr:    addr,
+		Handler: dropBodies(handler),
+		// A client that sends its headers a byte at a time (slowloris)
+		// would otherwise hold a connection and a goroutine as long as it
+		// likes.
+		ReadHeaderTimeout: 5 * time.Second,
+		// No request has a body (see dropBodies); the margin covers a slow
+		// network.
+		ReadTimeout: 10 * time.Second,
+		// Bounds a scrape whose client stops reading the response.
+		WriteTimeout: 15 * time.Second,
+		// Prometheus reuses its connection between scrapes, up to a minute
+		// apart; an idle client must not pin a descriptor for ever.
+		IdleTimeout: 90 * time.Second,
+		// Probes and scrapes send a few hundred bytes of headers; the
+		// default of 1 MiB lets every connection make the server buffer a
+		// megabyte.
+		MaxHeaderBytes: 8 << 10,
+		ConnState:      newConnCap(healthMaxConns, log, m).track,
 		// net/http reports accept retries and handler panics here; without
 		// it they would bypass slog and go to the standard logger.
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -154,12 +139,13 @@ func newHealthServer(addr string, handler http.Handler, log *slog.Logger, m *met
 // serveHealth serves srv on ln until ctx is done, then shuts srv down,
 // giving in-flight requests healthShutdownTimeout before closing their
 // connections. It returns nil after a shutdown and the error of Serve if
-// serving stopped on its own. It owns the goroutine that runs Serve and does
-// not return before it has ended.
+// serving stopped on its own. It owns the goroutine that runs Serve (in
+// stack dumps, the one serveHealth created) and does not return before it
+// has ended.
 func serveHealth(ctx context.Context, srv *http.Server, ln *steadyListener, log *slog.Logger) error {
-	errc := make(chan error, 1)
 	ln.accepted = newHealthConn
-	go serveHTTP(srv, ln, errc)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve health on %s: %w", ln.Addr(), err)
@@ -179,10 +165,4 @@ func serveHealth(ctx context.Context, srv *http.Server, ln *steadyListener, log 
 		return fmt.Errorf("serve health on %s: %w", ln.Addr(), err)
 	}
 	return nil
-}
-
-// serveHTTP runs srv.Serve on ln and sends its result to errc. It is a named
-// function so that it shows up in stack dumps.
-func serveHTTP(srv *http.Server, ln net.Listener, errc chan<- error) {
-	errc <- srv.Serve(ln)
 }

@@ -103,7 +103,7 @@ func TestHeartbeatConcurrent(t *testing.T) {
 	}
 }
 
-// TestHealthHandlerRoutes holds every path to the method rules of readOnly
+// TestHealthHandlerRoutes holds every path to the method rules of handleReadOnly
 // and every other path to 404.
 func TestHealthHandlerRoutes(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -232,10 +232,10 @@ func TestNewHealthServerLimits(t *testing.T) {
 	// The slow-client tests shorten these to run quickly, so this is where
 	// the daemon's own values are checked.
 	for name, d := range map[string][2]time.Duration{
-		"ReadHeaderTimeout": {srv.ReadHeaderTimeout, healthReadHeaderTimeout},
-		"ReadTimeout":       {srv.ReadTimeout, healthReadTimeout},
-		"WriteTimeout":      {srv.WriteTimeout, healthWriteTimeout},
-		"IdleTimeout":       {srv.IdleTimeout, healthIdleTimeout},
+		"ReadHeaderTimeout": {srv.ReadHeaderTimeout, 5 * time.Second},
+		"ReadTimeout":       {srv.ReadTimeout, 10 * time.Second},
+		"WriteTimeout":      {srv.WriteTimeout, 15 * time.Second},
+		"IdleTimeout":       {srv.IdleTimeout, 90 * time.Second},
 	} {
 		if d[0] != d[1] || d[0] <= 0 {
 			t.Errorf("%s: got %v; want %v, positive", name, d[0], d[1])
@@ -692,7 +692,7 @@ func TestHealthServerCapClosesStalledRequest(t *testing.T) {
 // wantClosedAtCap checks health_connections_closed_total in m by reason.
 func wantClosedAtCap(t *testing.T, m *metrics, stalled, idle, busy, newConn float64) {
 	t.Helper()
-	for reason, want := range map[string]float64{reasonStalled: stalled, reasonIdle: idle, reasonBusy: busy, reasonNew: newConn} {
+	for reason, want := range map[string]float64{"stalled": stalled, "waiting": idle, "busy": busy, "new": newConn} {
 		if got := testutil.ToFloat64(m.healthConnsClosed.WithLabelValues(reason)); got != want {
 			t.Errorf("health_connections_closed_total{reason=%q}: got %v; want %v", reason, got, want)
 		}

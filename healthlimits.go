@@ -30,10 +30,6 @@ const (
 	// connection on the node. 128 fit in the descriptor reserve (fdReserve)
 	// with room for the probes and discovery.
 	healthMaxConns = 128
-	// healthDeferAccept keeps a connection that sends nothing away from the
-	// server for about this long (TCP_DEFER_ACCEPT), so a flood of silent
-	// connects costs the kernel a little and the server nothing meanwhile.
-	healthDeferAccept = 5 * time.Second
 	// healthStallAfter is how long a connection may stay inside a request,
 	// or unread, before connCap takes it for one that waits on its client.
 	// A probe is answered in milliseconds, a scrape in a few.
@@ -54,35 +50,36 @@ const (
 	// healthRecvBuffer is the listener's SO_RCVBUF, which the sockets it
 	// accepts inherit: autotuned, what 400 pipelining clients sent ahead
 	// of their answers queued 13 MiB in the server's receive queues. A
-	// request is a few hundred bytes, its headers at most
-	// healthMaxHeaderBytes, which a smaller window only paces.
+	// request is a few hundred bytes, its headers at most the server's
+	// MaxHeaderBytes, which a smaller window only paces.
 	healthRecvBuffer = 4 << 10
 )
 
 // listenHealth opens the health server's listener, with TCP_DEFER_ACCEPT
 // and a small receive buffer where the kernel has them.
 func listenHealth(ctx context.Context, addr string) (net.Listener, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-		healthListenerOptions(rc)
-		return nil
-	}}
-	return lc.Listen(ctx, "tcp", addr) // an error names the address
+	return (&net.ListenConfig{Control: healthListenerOptions}).Listen(ctx, "tcp", addr) // an error names the address
 }
 
 // activatedHealthListener gives a listener the service manager opened, or
 // the running instance handed over, the options of listenHealth.
 func activatedHealthListener(ln *net.TCPListener) net.Listener {
 	if rc, err := ln.SyscallConn(); err == nil {
-		healthListenerOptions(rc)
+		_ = healthListenerOptions("", "", rc)
 	}
 	return ln
 }
 
 // healthListenerOptions sets the health listener's options, best effort:
-// connCap still bounds the connections without them.
-func healthListenerOptions(rc syscall.RawConn) {
-	_ = setDeferAccept(rc, healthDeferAccept)
+// connCap still bounds the connections without them, so it never fails. It
+// is a net.ListenConfig Control function.
+func healthListenerOptions(_, _ string, rc syscall.RawConn) error {
+	// A connection that sends nothing stays away from the server for about
+	// this long (TCP_DEFER_ACCEPT), so a flood of silent connects costs the
+	// kernel a little and the server nothing meanwhile.
+	_ = setDeferAccept(rc, 5*time.Second)
 	_ = setRcvBuf(rc, healthRecvBuffer)
+	return nil
 }
 
 // dropBodies closes the connection of a request that comes with a body
@@ -114,9 +111,9 @@ func dropBodies(h http.Handler) http.Handler {
 //     longest first.
 //
 // A connection inside its first request, or accepted with it (see
-// healthDeferAccept) but not yet read, is never closed: that is how a probe
-// looks while it waits for a CPU. If only such are left, the new connection
-// is closed instead. Closing only connections outside a request let 128
+// healthListenerOptions) but not yet read, is never closed: that is how a
+// probe looks while it waits for a CPU. If only such are left, the new
+// connection is closed instead. Closing only connections outside a request let 128
 // clients that pipeline requests and never read hold every slot for the
 // write timeout, while each newcomer closed the one before it: the
 // kubelet's probe. Its track method is the server's ConnState hook.
@@ -133,11 +130,13 @@ type connCap struct {
 }
 
 // capSlot is where a connection is: StateNew, StateActive or StateIdle,
-// since when, and how many requests it has begun.
+// since when, and whether it has been idle. net/http reports a connection
+// idle between any two of its requests, pipelined or not, so an active one
+// that has been is inside its second or later request.
 type capSlot struct {
-	state    http.ConnState
-	since    time.Time
-	requests int
+	state  http.ConnState
+	since  time.Time
+	served bool
 }
 
 // The order in which connCap closes connections, first to last; it never
@@ -149,18 +148,12 @@ const (
 	rankUnread
 )
 
-// rankReason is the reason connCap counts a close of a member of rank r
-// under: a new connection closed for want of another is counted as new.
-func rankReason(r int) string {
-	switch r {
-	case rankStalled:
-		return reasonStalled
-	case rankIdle:
-		return reasonIdle
-	case rankBusy:
-		return reasonBusy
-	}
-	return reasonNew
+// rankReasons are the reason label values of health_connections_closed_total
+// (metrics.healthConnsClosed), by the rank of the connection connCap closed:
+// one waiting on its client, an idle one, one inside a request; a new
+// connection closed for want of another is counted as new.
+func rankReasons() [rankUnread + 1]string {
+	return [...]string{rankStalled: "stalled", rankIdle: "waiting", rankBusy: "busy", rankUnread: "new"}
 }
 
 func newConnCap(limit int, log *slog.Logger, m *metrics) *connCap {
@@ -177,12 +170,8 @@ func newConnCap(limit int, log *slog.Logger, m *metrics) *connCap {
 // what the socket still queues at once: closed with a FIN, a socket whose
 // peer never reads keeps its unsent bytes, orphaned, for minutes.
 func (cc *connCap) track(c net.Conn, state http.ConnState) {
-	now := time.Now()
 	cc.mu.Lock()
-	victim, reason := cc.enterLocked(c, state, now)
-	if hc, ok := victim.(*healthConn); ok {
-		victim = hc.TCPConn // for closeAbortive
-	}
+	victim, reason := cc.enterLocked(c, state, time.Now())
 	if victim != nil {
 		closeAbortive(victim) // net/http reports it closed soon; it no longer counts
 	}
@@ -198,47 +187,34 @@ func (cc *connCap) track(c net.Conn, state http.ConnState) {
 
 // enterLocked moves c to state at now and returns the connection to close,
 // if any, and why.
-func (cc *connCap) enterLocked(c net.Conn, state http.ConnState, now time.Time) (net.Conn, string) {
-	_, member := cc.members[c]
-	switch {
-	case state == http.StateNew && len(cc.members) >= cc.max:
-		victim, reason := cc.pickLocked(now)
-		if victim == nil {
-			return c, reasonNew // never a member
+func (cc *connCap) enterLocked(c net.Conn, state http.ConnState, now time.Time) (victim net.Conn, reason string) {
+	if state == http.StateNew && len(cc.members) >= cc.max {
+		if victim, reason = cc.pickLocked(now); victim == nil {
+			return c, reason // never a member
 		}
 		delete(cc.members, victim)
-		cc.members[c] = capSlot{state: state, since: now}
-		return victim, reason
-	case state == http.StateNew:
-		cc.members[c] = capSlot{state: state, since: now}
-	case member && (state == http.StateActive || state == http.StateIdle):
-		s := cc.members[c]
-		s.state, s.since = state, now
-		if state == http.StateActive {
-			s.requests++
-		}
-		cc.members[c] = s
-	case !member: // closed by the cap; net/http catches up
-	default: // closed or hijacked
+	}
+	switch s, member := cc.members[c]; {
+	case state == http.StateNew, member && (state == http.StateActive || state == http.StateIdle):
+		cc.members[c] = capSlot{state: state, since: now, served: s.served || state == http.StateIdle}
+	default: // closed or hijacked, or closed by the cap and net/http catching up
 		delete(cc.members, c)
 	}
-	return nil, ""
+	return victim, reason
 }
 
 // pickLocked returns the member to close first (see connCap) and why, or
-// nil if none may go. A scan is cheaper than keeping the order: the cap is
+// nil if none may go, with the reason of closing the new one instead. A scan is cheaper than keeping the order: the cap is
 // small, and a member's rank changes with time alone.
 func (cc *connCap) pickLocked(now time.Time) (net.Conn, string) {
-	var pick net.Conn
-	pickRank := rankUnread
-	var pickSince time.Time
+	pick, pickRank, pickSince := net.Conn(nil), rankUnread, time.Time{}
 	for c, s := range cc.members {
 		r, since := capRank(c, s, now)
 		if r < pickRank || (r == pickRank && r != rankUnread && since.Before(pickSince)) {
 			pick, pickRank, pickSince = c, r, since
 		}
 	}
-	return pick, rankReason(pickRank)
+	return pick, rankReasons()[pickRank]
 }
 
 // capRank places c, where s says it is, in connCap's order of closing at
@@ -259,7 +235,7 @@ func capRank(c net.Conn, s capSlot, now time.Time) (int, time.Time) {
 		return rankIdle, s.since
 	case now.Sub(s.since) > healthStallAfter:
 		return rankStalled, s.since
-	case s.state == http.StateActive && s.requests > 1:
+	case s.state == http.StateActive && s.served:
 		return rankBusy, s.since
 	default:
 		return rankUnread, s.since
@@ -279,16 +255,14 @@ type healthConn struct {
 	reading, writing atomic.Int64
 }
 
-func (c *healthConn) Read(p []byte) (int, error) {
-	c.reading.Store(1 + int64(time.Since(c.accepted)))
-	defer c.reading.Store(0)
-	return c.TCPConn.Read(p)
-}
+func (c *healthConn) Read(p []byte) (int, error)  { return c.timed(&c.reading, c.TCPConn.Read, p) }
+func (c *healthConn) Write(p []byte) (int, error) { return c.timed(&c.writing, c.TCPConn.Write, p) }
 
-func (c *healthConn) Write(p []byte) (int, error) {
-	c.writing.Store(1 + int64(time.Since(c.accepted)))
-	defer c.writing.Store(0)
-	return c.TCPConn.Write(p)
+// timed runs io on p with op marking it under way.
+func (c *healthConn) timed(op *atomic.Int64, io func([]byte) (int, error), p []byte) (int, error) {
+	op.Store(1 + int64(time.Since(c.accepted)))
+	defer op.Store(0)
+	return io(p)
 }
 
 // since reports whether the call op tracks is under way, and since when.

@@ -284,7 +284,7 @@ func TestHostileManyConcurrentRequests(t *testing.T) {
 			t.Errorf("GET %s: got %v; want an answer or a closed connection", r.path, r.err)
 		case r.path == "/metrics" && r.code == http.StatusServiceUnavailable:
 			answered++
-			metricsBusy++ // metricsMaxInFlight turned it away, as designed
+			metricsBusy++ // MaxRequestsInFlight turned it away, as designed
 		case r.path == "/metrics" && r.code == http.StatusOK && strings.Contains(r.body, "extractedprism_connections_total 7\n"):
 			answered++
 			metricsOK++
@@ -301,7 +301,7 @@ func TestHostileManyConcurrentRequests(t *testing.T) {
 		t.Errorf("/metrics answered 200 to none of %d concurrent scrapes; want some", requests/len(paths))
 	}
 	counted := 0
-	for _, reason := range []string{reasonStalled, reasonIdle, reasonBusy, reasonNew} {
+	for _, reason := range []string{"stalled", "waiting", "busy", "new"} {
 		counted += int(testutil.ToFloat64(srv.m.healthConnsClosed.WithLabelValues(reason)))
 	}
 	if counted != closed {

@@ -252,7 +252,7 @@ func (d *daemon) newDiscovery(m *metrics) *mergedProvider {
 func (d *daemon) run(ctx context.Context) error {
 	d.logStart(d.lb.Addr().String(), d.health.Addr().String())
 	mux := newHealthHandler(d.heartbeat.alive, d.ready, d.reg)
-	mux.Handle("/upstreams", readOnly(upstreamsHandler(func() upstreamsDoc { return newUpstreamsDoc(d.cfg, d.pool.describe(d.discovery.sources())) })))
+	handleReadOnly(mux, "/upstreams", upstreamsHandler(func() upstreamsDoc { return newUpstreamsDoc(d.cfg, d.pool.describe(d.discovery.sources())) }))
 	srv := newHealthServer(d.health.Addr().String(), mux, d.log, d.proxy.m)
 	// The static and cached endpoints are known before anything listens:
 	// the first client never finds the pool empty.

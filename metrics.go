@@ -24,9 +24,8 @@ type metrics struct {
 	connLimit, drains                                        prometheus.Gauge
 	dialSeconds                                              *prometheus.HistogramVec // upstream
 	upstreamConns                                            *prometheus.GaugeVec     // upstream
-	buildInfo                                                *prometheus.GaugeVec     // version, revision, goversion
 	discoveryRunning                                         *prometheus.GaugeVec     // provider
-	healthConnsClosed                                        *prometheus.CounterVec   // reason: reasonStalled, reasonIdle, reasonBusy or reasonNew
+	healthConnsClosed                                        *prometheus.CounterVec   // reason: one of rankReasons
 	idleConnsClosed                                          *prometheus.CounterVec   // reason: reasonLimit, reasonTimeout or reasonShare
 	upstreamBytes                                            *prometheus.CounterVec   // upstream, direction: dirToUpstream or dirToClient
 	connsClosed                                              *prometheus.CounterVec   // upstream, reason: one of endReasons
@@ -37,17 +36,9 @@ const (
 	labelUpstream   = "upstream"
 	labelProvider   = "provider"
 
-	// The reasons of healthConnsClosed (see connCap): a connection waiting
-	// on its client, an idle one, one inside a request, or the new one.
-	reasonStalled = "stalled"
-	reasonIdle    = "waiting"
-	reasonBusy    = "busy"
-	reasonNew     = "new"
-
 	// The directions of upstreamBytes.
-	labelDirection = "direction"
-	dirToUpstream  = "to_upstream"
-	dirToClient    = "to_client"
+	dirToUpstream = "to_upstream"
+	dirToClient   = "to_client"
 )
 
 func gauge(name, help string) prometheus.Gauge {
@@ -86,11 +77,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			"Upstream health state after the consecutive-failure threshold (1 healthy, 0 unhealthy).", labelUpstream),
 	}
 	m.addBeyondSpec()
+	buildInfo := gaugeVec("build_info", "Always 1; the labels say which build is running.", "version", "revision", "goversion")
 	reg.MustRegister(
 		m.upstreamsActive, m.upstreamsTotal, m.connectionsActive, m.connectionsTotal, m.connectionErrors,
 		m.discoveryUpdates, m.discoveryErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus,
 		m.hedgedDials, m.hedgedWins, m.deadConnsClosed, m.clientsRefused, m.connLimit,
-		m.dialSeconds, m.upstreamConns, m.drains, m.buildInfo, m.healthConnsClosed, m.discoveryRunning, m.idleConnsClosed,
+		m.dialSeconds, m.upstreamConns, m.drains, buildInfo, m.healthConnsClosed, m.discoveryRunning, m.idleConnsClosed,
 		m.upstreamBytes, m.connsClosed,
 		// The standard process_ and go_ metrics, which dashboards for any
 		// Go service chart. Their twins in prometheus/collectors would
@@ -99,7 +91,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		prometheus.NewGoCollector(),                                       //nolint:staticcheck // see above
 	)
 	version, revision := versionInfo()
-	m.buildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
+	buildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
 	return m
 }
 
@@ -120,12 +112,11 @@ func (m *metrics) addBeyondSpec() {
 	}, []string{labelUpstream})
 	m.upstreamConns = gaugeVec("upstream_connections", "Proxied connections currently open to the upstream.", labelUpstream)
 	m.drains = gauge("drains_in_progress", "Removed upstreams whose connections are still draining.")
-	m.buildInfo = gaugeVec("build_info", "Always 1; the labels say which build is running.", "version", "revision", "goversion")
 	m.healthConnsClosed = counterVec("health_connections_closed_total",
 		"Health server connections closed at its connection limit, the first of: reason=stalled, one waiting on its client (blocked writing an answer it does not read, reading a request it trickles, or over a second in a request); reason=waiting, an idle one; reason=busy, one inside a request; reason=new, the new one, when every other was accepted with its request but not yet read.", "reason")
 	// Every series exists from the start, so that rates over them work
 	// before the first closing.
-	for _, reason := range []string{reasonStalled, reasonIdle, reasonBusy, reasonNew} {
+	for _, reason := range rankReasons() {
 		m.healthConnsClosed.WithLabelValues(reason)
 	}
 	m.idleConnsClosed = counterVec("idle_connections_closed_total",
@@ -134,7 +125,7 @@ func (m *metrics) addBeyondSpec() {
 	m.idleConnsClosed.WithLabelValues(reasonShare)
 	m.idleConnsClosed.WithLabelValues(reasonTimeout)
 	m.upstreamBytes = counterVec("upstream_bytes_total",
-		"Bytes proxied between clients and the upstream: direction=to_upstream, from clients; direction=to_client, from the upstream. Counted every MiB of a direction and at its end.", labelUpstream, labelDirection)
+		"Bytes proxied between clients and the upstream: direction=to_upstream, from clients; direction=to_client, from the upstream. Counted every MiB of a direction and at its end.", labelUpstream, "direction")
 	m.connsClosed = counterVec("connections_closed_total",
 		"Proxied connections of the upstream that ended, by how: client_closed, upstream_closed (a clean end that side started), reset, timeout (the kernel gave up on a silent peer), error, drain, eviction (unready while another was ready), sweep, idle, shutdown, rebalance (a long-lived connection moved off the most loaded upstream).", labelUpstream, "reason")
 	m.discoveryRunning = gaugeVec("discovery_running",
@@ -161,12 +152,10 @@ func (m *metrics) discoveryNotStarted(name string) {
 // forgetUpstream deletes every per-upstream series of addr, once it has
 // drained and left the pool, as the spec requires.
 func (m *metrics) forgetUpstream(addr string) {
-	for _, v := range []interface{ DeleteLabelValues(labels ...string) bool }{
+	for _, v := range []interface{ DeletePartialMatch(l prometheus.Labels) int }{
 		m.connectionErrors, m.upstreamRTT, m.upstreamTier, m.upstreamReady, m.healthStatus, m.dialSeconds, m.upstreamConns,
+		m.upstreamBytes, m.connsClosed,
 	} {
-		v.DeleteLabelValues(addr)
-	}
-	for _, v := range []*prometheus.CounterVec{m.upstreamBytes, m.connsClosed} {
 		v.DeletePartialMatch(prometheus.Labels{labelUpstream: addr})
 	}
 }

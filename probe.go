@@ -58,7 +58,7 @@ func connectTimed(ctx context.Context, addr string) (net.Conn, time.Duration, er
 // normally leaves a TIME_WAIT socket behind for every check; one check every
 // few seconds from every node adds up on the API servers.
 func closeAbortive(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
+	if tc, ok := c.(interface{ SetLinger(sec int) error }); ok { // a *net.TCPConn, or a healthConn around one
 		_ = tc.SetLinger(0) // best effort: a plain close is still correct
 	}
 	_ = c.Close()
