@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -53,12 +54,6 @@ func configError(err error, environ func() []string) error {
 	return errors.Join(errs...)
 }
 
-// warnings lists what a start warns of before it listens: settings without
-// effect and EP_ variables no flag reads.
-func (c *config) warnings(environ func() []string) []ignoredSetting {
-	return append(c.ignoredSettings(), unknownVariables(environ())...)
-}
-
 // kubeconfigWarning says why --kubeconfig does not load here, as a start
 // logs it, which retries it. Credentials from the service account are not
 // looked for: they belong to the daemon's pod, not to the configuration,
@@ -97,27 +92,29 @@ type ignoredSetting struct{ setting, because string }
 
 func (ig ignoredSetting) String() string { return ig.setting + " has no effect: " + ig.because }
 
-// ignoredSettings lists the settings that have a value but no effect. They
-// are warnings, not errors: turning discovery off, or readyz probes back to
-// tcp, is an emergency change, which must not also need the settings that
-// go with them removed before the daemon starts again.
-func (c *config) ignoredSettings() []ignoredSetting {
+// warnings lists what a start warns of before it listens: the settings
+// that have a value but no effect, by flag name, then the EP_ variables no
+// flag reads. The settings are warnings, not errors: turning discovery off,
+// or readyz probes back to tcp, is an emergency change, which must not also
+// need the settings that go with them removed before the daemon starts
+// again.
+func (c *config) warnings(environ func() []string) []ignoredSetting {
 	var ignored []ignoredSetting
-	for name, value := range map[string]string{
+	values := map[string]string{
 		"kubeconfig": c.Kubeconfig, "endpoint-cache-file": c.EndpointCacheFile,
 		"health-check-ca-file": c.HealthCheckCAFile, "health-check-cert-file": c.HealthCheckCertFile,
 		"health-check-key-file": c.HealthCheckKeyFile, "health-check-token-file": c.HealthCheckTokenFile,
-	} {
+	}
+	for _, name := range slices.Sorted(maps.Keys(values)) {
 		switch {
-		case value == "":
+		case values[name] == "":
 		case strings.HasPrefix(name, "health-check-") && c.HealthCheck != checkReadyz:
 			ignored = append(ignored, ignoredSetting{flagRef(name), flagRef("health-check") + " is " + c.HealthCheck})
 		case !strings.HasPrefix(name, "health-check-") && !c.EnableDiscovery:
 			ignored = append(ignored, ignoredSetting{flagRef(name), flagRef("enable-discovery") + " is false"})
 		}
 	}
-	slices.SortFunc(ignored, func(a, b ignoredSetting) int { return strings.Compare(a.setting, b.setting) })
-	return ignored
+	return append(ignored, unknownVariables(environ())...)
 }
 
 // unknownVariables lists the EP_ variables in environ ("NAME=value") that

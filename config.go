@@ -372,8 +372,8 @@ func (c *config) validateTimings(v *violations) {
 }
 
 func (c *config) validateModes(v *violations) {
-	_, err := parseLogLevel(c.LogLevel)
-	v.addf(err != nil, "log-level", "must be one of debug, info, warn, error, dpanic, panic, fatal: got %q", c.LogLevel)
+	_, known := logLevels()[c.LogLevel]
+	v.addf(!known, "log-level", "must be one of debug, info, warn, error, dpanic, panic, fatal: got %q", c.LogLevel)
 	v.addf(c.UpstreamSelection != selectRandom && c.UpstreamSelection != selectLatency, "upstream-selection", "must be random or latency: got %q", c.UpstreamSelection)
 	v.addf(c.HealthCheck != checkTCP && c.HealthCheck != checkReadyz, "health-check", "must be tcp or readyz: got %q", c.HealthCheck)
 	v.addf(c.HealthCheck == checkReadyz && c.HealthCheckCAFile == "", "health-check-ca-file", "is required with %s set to readyz", flagRef("health-check"))
@@ -513,14 +513,6 @@ func logLevels() map[string]slog.Level {
 		"debug": slog.LevelDebug, "info": slog.LevelInfo, "warn": slog.LevelWarn, "error": slog.LevelError,
 		"dpanic": levelDPanic, "panic": levelPanic, "fatal": levelFatal,
 	}
-}
-
-// parseLogLevel maps a --log-level name to its slog level.
-func parseLogLevel(s string) (slog.Level, error) {
-	if level, ok := logLevels()[s]; ok {
-		return level, nil
-	}
-	return 0, fmt.Errorf("unknown log level %q", s)
 }
 
 // readFileAtMost reads a file the operator names (the endpoint cache, the

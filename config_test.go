@@ -297,7 +297,7 @@ func assertEveryLineNamesAFlag(t *testing.T, err error) {
 	}
 }
 
-func TestIgnoredSettings(t *testing.T) {
+func TestWarningsIgnoredSettings(t *testing.T) {
 	tests := []struct {
 		name string
 		args []string
@@ -316,7 +316,7 @@ func TestIgnoredSettings(t *testing.T) {
 				t.Fatal(err)
 			}
 			var got, want []string
-			for _, ig := range cfg.ignoredSettings() {
+			for _, ig := range cfg.warnings(func() []string { return nil }) {
 				got = append(got, ig.setting)
 				if !strings.HasPrefix(ig.because, "--") || !strings.Contains(ig.because, " (EP_") {
 					t.Errorf("reason for %s: got %q; want it to name a flag and its variable", ig.setting, ig.because)
@@ -523,11 +523,11 @@ func TestVersionInfoFallback(t *testing.T) {
 	}
 }
 
-func TestParseLogLevel(t *testing.T) {
+func TestLogLevels(t *testing.T) {
 	tests := []struct {
 		in      string
 		want    slog.Level
-		wantErr bool
+		unknown bool
 	}{
 		{in: "debug", want: slog.LevelDebug},
 		{in: "info", want: slog.LevelInfo},
@@ -536,14 +536,14 @@ func TestParseLogLevel(t *testing.T) {
 		{in: "dpanic", want: levelDPanic},
 		{in: "panic", want: levelPanic},
 		{in: "fatal", want: levelFatal},
-		{in: "verbose", wantErr: true},
-		{in: "", wantErr: true},
+		{in: "verbose", unknown: true},
+		{in: "", unknown: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
-			got, err := parseLogLevel(tt.in)
-			if gotErr := err != nil; gotErr != tt.wantErr {
-				t.Fatalf("error: got %v; want error %v", err, tt.wantErr)
+			got, known := logLevels()[tt.in]
+			if known == tt.unknown {
+				t.Fatalf("known: got %v; want %v", known, !tt.unknown)
 			}
 			if got != tt.want {
 				t.Errorf("got %v; want %v", got, tt.want)

@@ -147,7 +147,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, environ
 	if err := cfg.caError(); err != nil {
 		return err
 	}
-	level, _ := parseLogLevel(cfg.LogLevel) // validated
+	level := logLevels()[cfg.LogLevel] // validated
 	log, closeLog := startLogging(level, stderr)
 	defer closeLog()
 	// SIGHUP, which a closing terminal or a habitual "reload" sends, would
