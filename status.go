@@ -109,22 +109,18 @@ func (p *pool) describe(sources map[string][]string) []upstreamStatus {
 	for _, u := range p.upstreams {
 		st := upstreamStatus{
 			Address: u.addr, Sources: append([]string{}, sources[u.addr]...),
-			State: u.h.state.word(), StateSince: timePtr(!u.shownSince.IsZero(), u.shownSince),
-			Healthy: u.h.healthy(), FailStreak: u.h.fails, Connections: len(u.conns), LongLived: len(p.longLived(u, now, lookAt)), Draining: u.h.state == upDraining,
-			DrainDeadline: timePtr(u.drain.pending(), u.drainDeadline),
-			LastCheck:     timePtr(!u.lastCheck.IsZero(), u.lastCheck),
+			State: u.h.state.word(), StateSince: ptrIf(!u.shownSince.IsZero(), u.shownSince.UTC()),
+			Healthy: u.h.healthy(), FailStreak: u.h.fails,
+			RTTSeconds: ptrIf(u.hasRTT, u.rtt.Seconds()), Tier: ptrIf(u.hasTier, u.tier),
+			Connections: len(u.conns), LongLived: len(p.longLived(u, now, lookAt)),
+			Draining: u.h.state == upDraining, DrainDeadline: ptrIf(u.drain.pending(), u.drainDeadline.UTC()),
+			LastCheck: ptrIf(!u.lastCheck.IsZero(), u.lastCheck.UTC()),
 		}
 		if b := u.h.base(); p.cfg.readyz && u.h.probed {
 			st.Ready, st.ReadyPending, st.AwaitingProbe = new(u.h.ready()), b == upPending || b == upUnhealthy, b == upAwaitingProbe
 		}
-		if u.hasRTT {
-			st.RTTSeconds = new(u.rtt.Seconds())
-		}
-		if u.hasTier {
-			st.Tier = new(u.tier)
-		}
 		if u.lastErr != nil && !u.lastErrAt.Before(u.lastGood) {
-			st.LastError, st.LastErrorAt = displayText(u.lastErr.Error()), timePtr(true, u.lastErrAt)
+			st.LastError, st.LastErrorAt = displayText(u.lastErr.Error()), new(u.lastErrAt.UTC())
 		}
 		out = append(out, st)
 	}
@@ -132,11 +128,12 @@ func (p *pool) describe(sources map[string][]string) []upstreamStatus {
 	return out
 }
 
-func timePtr(set bool, t time.Time) *time.Time {
+// ptrIf returns a pointer to v if set, else nil: a field the JSON leaves out.
+func ptrIf[T any](set bool, v T) *T {
 	if !set {
 		return nil
 	}
-	return new(t.UTC())
+	return &v
 }
 
 // maxErrorText bounds the error text /upstreams shows for an upstream.
@@ -412,8 +409,8 @@ func writeStatus(w io.Writer, doc upstreamsDoc, now time.Time) error {
 
 // tableRow returns the cells of s's row, a dash for each empty one.
 func tableRow(s upstreamStatus, now time.Time) []string {
-	row := []string{s.Address, strings.Join(s.Sources, ","), s.State, age(now, s.StateSince), strconv.Itoa(s.FailStreak),
-		"", "", strconv.Itoa(s.Connections), strconv.Itoa(s.LongLived), "", "", ""}
+	row := []string{s.Address, strings.Join(s.Sources, ","), s.State, age(now, s.StateSince, ""), strconv.Itoa(s.FailStreak),
+		"", "", strconv.Itoa(s.Connections), strconv.Itoa(s.LongLived), "", age(now, s.LastCheck, " ago"), s.LastError}
 	if s.State == stateReady && s.AwaitingProbe { // avoided after a failed probe or connect
 		row[2] = "ready-awaiting-probe"
 	}
@@ -429,14 +426,8 @@ func tableRow(s upstreamStatus, now time.Time) []string {
 	case s.Draining:
 		row[9] = "draining"
 	}
-	if s.LastCheck != nil {
-		row[10] = age(now, s.LastCheck) + " ago"
-	}
-	if s.LastError != "" {
-		row[11] = s.LastError
-		if s.LastErrorAt != nil {
-			row[11] += " (" + age(now, s.LastErrorAt) + " ago)"
-		}
+	if s.LastError != "" && s.LastErrorAt != nil {
+		row[11] += " (" + age(now, s.LastErrorAt, " ago") + ")"
 	}
 	for i, cell := range row {
 		row[i] = cmp.Or(displayText(cell), "-")
@@ -444,12 +435,13 @@ func tableRow(s upstreamStatus, now time.Time) []string {
 	return row
 }
 
-// age returns how long before now t was, to the second; "" without t.
-func age(now time.Time, t *time.Time) string {
+// age returns how long before now t was, to the second, then suffix; ""
+// without t.
+func age(now time.Time, t *time.Time, suffix string) string {
 	if t == nil {
 		return ""
 	}
-	return max(now.Sub(*t), 0).Round(time.Second).String()
+	return max(now.Sub(*t), 0).Round(time.Second).String() + suffix
 }
 
 // dialableHost maps a wildcard address to the loopback of its family.
