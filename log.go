@@ -66,15 +66,13 @@ func nameLevel(groups []string, a slog.Attr) slog.Attr {
 // is full; run, the one writer, writes the queue to out in order.
 type logSink struct {
 	out        io.Writer
-	notice     *slog.Logger // the drop warning, straight to out, at warn whatever --log-level says
 	records    chan []byte
 	dropped    atomic.Int64  // since the last warning
 	stop, done chan struct{} // done is closed when run returns
 }
 
 func newLogSink(out io.Writer) *logSink {
-	return &logSink{out: out, notice: newLogger(slog.LevelWarn, out), records: make(chan []byte, logQueueRecords),
-		stop: make(chan struct{}), done: make(chan struct{})}
+	return &logSink{out: out, records: make(chan []byte, logQueueRecords), stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // Write queues a copy of p (slog reuses its buffer). It reports success
@@ -108,11 +106,11 @@ func (s *logSink) run() {
 }
 
 // write writes r and then, once out takes lines again, how many were
-// dropped meanwhile.
+// dropped meanwhile: straight to out, at warn whatever --log-level says.
 func (s *logSink) write(r []byte) {
 	_, _ = s.out.Write(r)
 	for n := s.dropped.Swap(0); n > 0; n = s.dropped.Swap(0) {
-		s.notice.Warn("log lines dropped: the log reader was not keeping up", "dropped", n)
+		newLogger(slog.LevelWarn, s.out).Warn("log lines dropped: the log reader was not keeping up", "dropped", n)
 	}
 }
 
