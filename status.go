@@ -235,7 +235,8 @@ func status(ctx context.Context, args []string, getenv func(string) string, stdo
 // parseStatusFlags returns the health server's address and --json. The
 // address comes from --health-address, else from EP_HEALTH_BIND_ADDRESS
 // (or EP_BIND_ADDRESS) and EP_HEALTH_PORT in the environment, else in the
-// --env-file, else 127.0.0.1:7446: wherever the daemon was configured.
+// --env-file, else 127.0.0.1:7446: wherever the daemon was configured,
+// with a wildcard address dialled on loopback.
 func parseStatusFlags(args []string, getenv func(string) string, out io.Writer) (string, bool, error) {
 	set := flag.NewFlagSet("extractedprism status", flag.ContinueOnError)
 	set.SetOutput(io.Discard)
@@ -263,7 +264,8 @@ func parseStatusFlags(args []string, getenv func(string) string, out io.Writer) 
 		return "", false, fmt.Errorf("--env-file: %w", err)
 	}
 	lookup := func(k string) string { return cmp.Or(getenv(k), file[k]) }
-	return defaultHealthAddress(lookup), *asJSON, nil
+	host := cmp.Or(lookup("EP_HEALTH_BIND_ADDRESS"), lookup("EP_BIND_ADDRESS"), "127.0.0.1")
+	return net.JoinHostPort(dialableHost(host), cmp.Or(lookup("EP_HEALTH_PORT"), "7446")), *asJSON, nil
 }
 
 // readEnvFile returns the EP_ variables of a systemd EnvironmentFile:
@@ -380,11 +382,6 @@ func verdict(doc upstreamsDoc) error {
 		}
 	}
 	return nil
-}
-
-func defaultHealthAddress(getenv func(string) string) string {
-	host := cmp.Or(getenv("EP_HEALTH_BIND_ADDRESS"), getenv("EP_BIND_ADDRESS"), "127.0.0.1")
-	return net.JoinHostPort(dialableHost(host), cmp.Or(getenv("EP_HEALTH_PORT"), "7446"))
 }
 
 // writeStatus renders doc: a summary line, then a table of the upstreams

@@ -232,8 +232,8 @@ func TestStatusDefaultAddress(t *testing.T) {
 		{map[string]string{"EP_HEALTH_BIND_ADDRESS": "::"}, "[::1]:7446"},
 		{map[string]string{"EP_HEALTH_BIND_ADDRESS": "", "EP_BIND_ADDRESS": "::1"}, "[::1]:7446"},
 	} {
-		if got := defaultHealthAddress(envOf(tt.env)); got != tt.want {
-			t.Errorf("%v: got %s; want %s", tt.env, got, tt.want)
+		if got, _, err := parseStatusFlags([]string{"--env-file="}, envOf(tt.env), nil); got != tt.want || err != nil {
+			t.Errorf("%v: got %s, %v; want %s", tt.env, got, err, tt.want)
 		}
 	}
 	// And status uses it, from the environment.
