@@ -43,17 +43,16 @@ func newLogger(level slog.Level, w io.Writer) *slog.Logger {
 // an offset ("ERROR+6"), durations as text ("30s") where JSON would have
 // nanoseconds, and errors cut to maxLogError bytes.
 func nameLevel(groups []string, a slog.Attr) slog.Attr {
-	if a.Value.Kind() == slog.KindDuration {
-		return slog.String(a.Key, a.Value.Duration().String())
-	}
-	if err, ok := a.Value.Any().(error); ok && a.Value.Kind() == slog.KindAny {
-		if text := err.Error(); len(text) > maxLogError {
+	switch v := a.Value.Any().(type) {
+	case time.Duration:
+		return slog.String(a.Key, v.String())
+	case error:
+		if text := v.Error(); len(text) > maxLogError {
 			return slog.String(a.Key, cutText(text, maxLogError)+"...")
 		}
-	}
-	if level, ok := a.Value.Any().(slog.Level); ok && len(groups) == 0 && a.Key == slog.LevelKey {
+	case slog.Level:
 		for name, l := range logLevels() {
-			if l == level && l > slog.LevelError {
+			if l == v && l > slog.LevelError && len(groups) == 0 && a.Key == slog.LevelKey {
 				return slog.String(a.Key, strings.ToUpper(name))
 			}
 		}
