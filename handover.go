@@ -300,11 +300,7 @@ func (h *handover) give(c *net.UnixConn) (taken []*steadyListener, pid int, err 
 	var fds []int
 	socks := []*steadyListener{h.lb, h.health}
 	for _, s := range socks {
-		fl, ok := s.Listener.(interface{ File() (*os.File, error) })
-		if !ok {
-			return nil, 0, fmt.Errorf("the listener on %s has no descriptor to pass", s.Addr())
-		}
-		f, err := fl.File()
+		f, err := s.Listener.(*net.TCPListener).File() //nolint:forcetypeassert // every listener here is a TCP one
 		if err != nil {
 			return nil, 0, err
 		}
@@ -319,7 +315,7 @@ func (h *handover) give(c *net.UnixConn) (taken []*steadyListener, pid int, err 
 		return nil, 0, fmt.Errorf("the new instance (pid %d) did not take the sockets: %w", pid, err)
 	}
 	for _, s := range socks {
-		if ports == nil || slices.Contains(ports, listenPort(s)) {
+		if ports == nil || slices.Contains(ports, strconv.Itoa(listenPort(s))) {
 			taken = append(taken, s)
 		}
 	}
@@ -327,11 +323,12 @@ func (h *handover) give(c *net.UnixConn) (taken []*steadyListener, pid int, err 
 }
 
 // readAck reads the successor's answer: "ok", then the ports of the
-// sockets it adopted. Ports are nil after an instance of an older version,
-// which answers "ok" alone, having taken both.
-func readAck(c *net.UnixConn) ([]int, error) {
+// sockets it adopted (a port that is no number names none). Ports are nil
+// after an instance of an older version, which answers "ok" alone, having
+// taken both, and closes the connection.
+func readAck(c *net.UnixConn) ([]string, error) {
 	r := bufio.NewReaderSize(c, 64)
-	line, err := r.ReadSlice('\n')
+	line, err := r.ReadSlice('\n') // bounded, unlike ReadString
 	if err != nil || string(line) != handoverAck {
 		return nil, fmt.Errorf("it answered %q: %w", line, err)
 	}
@@ -342,13 +339,7 @@ func readAck(c *net.UnixConn) ([]int, error) {
 	if err != nil || len(fields) < 2 || fields[0] != handoverPorts {
 		return nil, fmt.Errorf("it answered %q: %w", line, err)
 	}
-	ports := make([]int, len(fields)-1)
-	for i, f := range fields[1:] {
-		if ports[i], err = strconv.Atoi(f); err != nil {
-			return nil, fmt.Errorf("it answered %q: %w", line, err)
-		}
-	}
-	return ports, nil
+	return fields[1:], nil
 }
 
 // share holds the hand-over connection c while the successor serves taken
