@@ -218,7 +218,7 @@ func readListeners(c *net.UnixConn) ([]*net.TCPListener, error) {
 		err = fmt.Errorf("unexpected hand-over message %q with %d sockets", buf[:n], len(fds))
 	}
 	if err != nil {
-		closeAll(lns)
+		closeAll(lns...)
 		return nil, err
 	}
 	return lns, nil
