@@ -259,35 +259,30 @@ func bindOver(path string) (*net.UnixListener, error) {
 
 // serve hands the sockets to each instance that asks, one at a time, until
 // ctx is done, and shares them with each successor for as long as it runs
-// (share), which replaces the listener when it takes the path back.
+// (share). When share takes the path back, its listener replaces ln, which
+// serve closes.
 func (h *handover) serve(ctx context.Context) {
 	for ln := h.ln; ln != nil; {
-		ln = h.serveOn(ctx, ln)
+		sl := newSteadyListener(ln, h.log, "hand-over socket ", new(atomic.Int64))
+		stop := context.AfterFunc(ctx, func() { _ = sl.Close() })
+		for ln = nil; ln == nil; {
+			c, err := sl.Accept()
+			if err != nil {
+				break // closed
+			}
+			uc := c.(*net.UnixConn) //nolint:forcetypeassert // a unix listener's
+			taken, pid, err := h.give(uc)
+			if err != nil {
+				h.log.Warn("hand-over of the listening sockets failed; this instance keeps serving them alone", "err", err)
+			}
+			if len(taken) > 0 {
+				ln = h.share(ctx, uc, taken, pid)
+			}
+			_ = c.Close()
+		}
+		stop()
+		_ = sl.Close()
 	}
-}
-
-// serveOn serves hand-overs on ln, which it closes, and returns the
-// listener that takes its place, nil once ctx is done.
-func (h *handover) serveOn(ctx context.Context, ln *net.UnixListener) (next *net.UnixListener) {
-	sl := newSteadyListener(ln, h.log, "hand-over socket ", new(atomic.Int64))
-	defer context.AfterFunc(ctx, func() { _ = sl.Close() })()
-	defer sl.Close()
-	for next == nil {
-		c, err := sl.Accept()
-		if err != nil {
-			return nil // closed
-		}
-		uc := c.(*net.UnixConn) //nolint:forcetypeassert // a unix listener's
-		taken, pid, err := h.give(uc)
-		if err != nil {
-			h.log.Warn("hand-over of the listening sockets failed; this instance keeps serving them alone", "err", err)
-		}
-		if len(taken) > 0 {
-			next = h.share(ctx, uc, taken, pid)
-		}
-		_ = c.Close()
-	}
-	return next
 }
 
 // give sends the sockets over c and returns those the successor answered
@@ -397,24 +392,21 @@ func (d *daemon) follow(ctx context.Context) {
 	}
 }
 
-// openShared opens the shared proxy socket's gate once a check of this
-// instance's passed an upstream (onFirstPass): a successor with none usable
-// must not take clients from the instance it took over from, which serves
-// them. Any other proxy socket's gate is open.
-func (d *daemon) openShared() {
-	if !d.lb.isOpen() {
-		d.log.Info("an upstream passed this instance's check: accepting proxied connections on the shared socket")
-		d.lb.set(true)
-	}
-}
-
-// onFirstPass returns check, which calls passed once a check has passed.
-func onFirstPass(check checkFunc, passed func()) checkFunc {
-	passed = sync.OnceFunc(passed)
+// openShared returns check, which opens the shared proxy socket's gate once
+// a check of this instance's passed an upstream: a successor with none
+// usable must not take clients from the instance it took over from, which
+// serves them. Any other proxy socket's gate is open.
+func (d *daemon) openShared(check checkFunc) checkFunc {
+	open := sync.OnceFunc(func() {
+		if !d.lb.isOpen() {
+			d.log.Info("an upstream passed this instance's check: accepting proxied connections on the shared socket")
+			d.lb.set(true)
+		}
+	})
 	return func(ctx context.Context, addr string) checkResult {
 		res := check(ctx, addr)
 		if res.err == nil && res.notReady == nil {
-			passed()
+			open()
 		}
 		return res
 	}
