@@ -218,7 +218,7 @@ func readListeners(c *net.UnixConn) ([]*net.TCPListener, error) {
 		err = fmt.Errorf("unexpected hand-over message %q with %d sockets", buf[:n], len(fds))
 	}
 	if err != nil {
-		closeAll(lns)
+		closeAll(lns...)
 		return nil, err
 	}
 	return lns, nil
@@ -259,35 +259,30 @@ func bindOver(path string) (*net.UnixListener, error) {
 
 // serve hands the sockets to each instance that asks, one at a time, until
 // ctx is done, and shares them with each successor for as long as it runs
-// (share), which replaces the listener when it takes the path back.
+// (share). When share takes the path back, its listener replaces ln, which
+// serve closes.
 func (h *handover) serve(ctx context.Context) {
 	for ln := h.ln; ln != nil; {
-		ln = h.serveOn(ctx, ln)
+		sl := newSteadyListener(ln, h.log, "hand-over socket ", new(atomic.Int64))
+		stop := context.AfterFunc(ctx, func() { _ = sl.Close() })
+		for ln = nil; ln == nil; {
+			c, err := sl.Accept()
+			if err != nil {
+				break // closed
+			}
+			uc := c.(*net.UnixConn) //nolint:forcetypeassert // a unix listener's
+			taken, pid, err := h.give(uc)
+			if err != nil {
+				h.log.Warn("hand-over of the listening sockets failed; this instance keeps serving them alone", "err", err)
+			}
+			if len(taken) > 0 {
+				ln = h.share(ctx, uc, taken, pid)
+			}
+			_ = c.Close()
+		}
+		stop()
+		_ = sl.Close()
 	}
-}
-
-// serveOn serves hand-overs on ln, which it closes, and returns the
-// listener that takes its place, nil once ctx is done.
-func (h *handover) serveOn(ctx context.Context, ln *net.UnixListener) (next *net.UnixListener) {
-	sl := newSteadyListener(ln, h.log, "hand-over socket ", new(atomic.Int64))
-	defer context.AfterFunc(ctx, func() { _ = sl.Close() })()
-	defer sl.Close()
-	for next == nil {
-		c, err := sl.Accept()
-		if err != nil {
-			return nil // closed
-		}
-		uc := c.(*net.UnixConn) //nolint:forcetypeassert // a unix listener's
-		taken, pid, err := h.give(uc)
-		if err != nil {
-			h.log.Warn("hand-over of the listening sockets failed; this instance keeps serving them alone", "err", err)
-		}
-		if len(taken) > 0 {
-			next = h.share(ctx, uc, taken, pid)
-		}
-		_ = c.Close()
-	}
-	return next
 }
 
 // give sends the sockets over c and returns those the successor answered
@@ -300,11 +295,7 @@ func (h *handover) give(c *net.UnixConn) (taken []*steadyListener, pid int, err 
 	var fds []int
 	socks := []*steadyListener{h.lb, h.health}
 	for _, s := range socks {
-		fl, ok := s.Listener.(interface{ File() (*os.File, error) })
-		if !ok {
-			return nil, 0, fmt.Errorf("the listener on %s has no descriptor to pass", s.Addr())
-		}
-		f, err := fl.File()
+		f, err := s.Listener.(*net.TCPListener).File() //nolint:forcetypeassert // every listener here is a TCP one
 		if err != nil {
 			return nil, 0, err
 		}
@@ -319,7 +310,7 @@ func (h *handover) give(c *net.UnixConn) (taken []*steadyListener, pid int, err 
 		return nil, 0, fmt.Errorf("the new instance (pid %d) did not take the sockets: %w", pid, err)
 	}
 	for _, s := range socks {
-		if ports == nil || slices.Contains(ports, listenPort(s)) {
+		if ports == nil || slices.Contains(ports, strconv.Itoa(listenPort(s))) {
 			taken = append(taken, s)
 		}
 	}
@@ -327,11 +318,12 @@ func (h *handover) give(c *net.UnixConn) (taken []*steadyListener, pid int, err 
 }
 
 // readAck reads the successor's answer: "ok", then the ports of the
-// sockets it adopted. Ports are nil after an instance of an older version,
-// which answers "ok" alone, having taken both.
-func readAck(c *net.UnixConn) ([]int, error) {
+// sockets it adopted (a port that is no number names none). Ports are nil
+// after an instance of an older version, which answers "ok" alone, having
+// taken both, and closes the connection.
+func readAck(c *net.UnixConn) ([]string, error) {
 	r := bufio.NewReaderSize(c, 64)
-	line, err := r.ReadSlice('\n')
+	line, err := r.ReadSlice('\n') // bounded, unlike ReadString
 	if err != nil || string(line) != handoverAck {
 		return nil, fmt.Errorf("it answered %q: %w", line, err)
 	}
@@ -342,13 +334,7 @@ func readAck(c *net.UnixConn) ([]int, error) {
 	if err != nil || len(fields) < 2 || fields[0] != handoverPorts {
 		return nil, fmt.Errorf("it answered %q: %w", line, err)
 	}
-	ports := make([]int, len(fields)-1)
-	for i, f := range fields[1:] {
-		if ports[i], err = strconv.Atoi(f); err != nil {
-			return nil, fmt.Errorf("it answered %q: %w", line, err)
-		}
-	}
-	return ports, nil
+	return fields[1:], nil
 }
 
 // share holds the hand-over connection c while the successor serves taken
@@ -406,24 +392,21 @@ func (d *daemon) follow(ctx context.Context) {
 	}
 }
 
-// openShared opens the shared proxy socket's gate once a check of this
-// instance's passed an upstream (onFirstPass): a successor with none usable
-// must not take clients from the instance it took over from, which serves
-// them. Any other proxy socket's gate is open.
-func (d *daemon) openShared() {
-	if !d.lb.isOpen() {
-		d.log.Info("an upstream passed this instance's check: accepting proxied connections on the shared socket")
-		d.lb.set(true)
-	}
-}
-
-// onFirstPass returns check, which calls passed once a check has passed.
-func onFirstPass(check checkFunc, passed func()) checkFunc {
-	passed = sync.OnceFunc(passed)
+// openShared returns check, which opens the shared proxy socket's gate once
+// a check of this instance's passed an upstream: a successor with none
+// usable must not take clients from the instance it took over from, which
+// serves them. Any other proxy socket's gate is open.
+func (d *daemon) openShared(check checkFunc) checkFunc {
+	open := sync.OnceFunc(func() {
+		if !d.lb.isOpen() {
+			d.log.Info("an upstream passed this instance's check: accepting proxied connections on the shared socket")
+			d.lb.set(true)
+		}
+	})
 	return func(ctx context.Context, addr string) checkResult {
 		res := check(ctx, addr)
 		if res.err == nil && res.notReady == nil {
-			passed()
+			open()
 		}
 		return res
 	}

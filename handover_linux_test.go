@@ -34,6 +34,47 @@ func tookOver(mc *mainChild) bool {
 	})
 }
 
+// TestReadAck reads a successor's answer: an instance of this version
+// names the ports it adopted, one of an older version answers "ok" alone
+// and closes the connection, having taken both; anything else is no
+// acknowledgement.
+func TestReadAck(t *testing.T) {
+	tests := []struct {
+		answer string
+		want   []string
+		ok     bool
+	}{
+		{"ok\nports 6443 8081\n", []string{"6443", "8081"}, true},
+		{"ok\nports 8081\n", []string{"8081"}, true},
+		{"ok\n", nil, true}, // an older version's
+		{"", nil, false},
+		{"no\n", nil, false},
+		{"ok\nports\n", nil, false},
+		{"ok\nports 6443", nil, false}, // cut short
+		{"ok\nsockets 6443\n", nil, false},
+	}
+	for _, tt := range tests {
+		fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer := os.NewFile(uintptr(fds[1]), "peer")
+		f := os.NewFile(uintptr(fds[0]), "ack")
+		fc, err := net.FileConn(f)
+		_ = f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(peer, tt.answer)
+		_ = peer.Close()
+		got, err := readAck(fc.(*net.UnixConn))
+		_ = fc.Close()
+		if (err == nil) != tt.ok || !slices.Equal(got, tt.want) || (tt.ok && (got == nil) != (tt.want == nil)) {
+			t.Errorf("readAck(%q) = %q, %v; want %q, ok %v", tt.answer, got, err, tt.want, tt.ok)
+		}
+	}
+}
+
 // TestHandoverShares starts a second daemon while the first runs: it
 // takes the first one's sockets instead of failing to bind, and both
 // serve them. Connections waiting in the accept queue when the first

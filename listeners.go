@@ -31,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -68,7 +69,7 @@ func activatedListeners(getenv func(string) string, first int) ([]*net.TCPListen
 		}
 		tl, err := tcpListenerFrom(uintptr(first+i), name+" passed by the service manager")
 		if err != nil {
-			closeAll(lns)
+			closeAll(lns...)
 			return nil, err
 		}
 		lns = append(lns, tl)
@@ -106,9 +107,12 @@ func tcpListenerFrom(fd uintptr, name string) (*net.TCPListener, error) {
 	return tl, nil
 }
 
-func closeAll(lns []*net.TCPListener) {
+// closeAll closes each of lns that is not a nil interface.
+func closeAll[L io.Closer](lns ...L) {
 	for _, ln := range lns {
-		_ = ln.Close()
+		if any(ln) != nil {
+			_ = ln.Close()
+		}
 	}
 }
 
@@ -149,7 +153,7 @@ func openSockets(ctx context.Context, cfg *config, getenv func(string) string, l
 	}
 	ln, err := bindOver(cfg.HandoverSocket)
 	if err != nil {
-		_, _ = s.lb.Close(), s.health.Close()
+		closeAll(s.lb, s.health)
 		if s.predecessor != nil {
 			_ = s.predecessor.Close()
 		}
@@ -164,64 +168,52 @@ func openSockets(ctx context.Context, cfg *config, getenv func(string) string, l
 // instance handed over, so that a bind error surfaces, naming its flags,
 // before anything else starts, and makes their accept loops (log is the
 // daemon's). lbPassed reports that the proxy's listener is one of passed.
-// It closes passed on error.
+// Each of passed must be one of the two. It closes passed on error.
 func listen(ctx context.Context, cfg *config, passed []*net.TCPListener, log *slog.Logger) (sockets, error) {
-	const lbFlags, healthFlags = "--bind-address, --bind-port", "--health-bind-address, --health-port"
-	var lbTCP, healthTCP *net.TCPListener
-	var err error
+	lb, lbTCP, err := openOr(ctx, passed, cfg.BindAddress, cfg.BindPort, "load balancer listener", "--bind-address, --bind-port",
+		listenTCP, activatedProxyListener)
+	var health net.Listener
+	var healthTCP *net.TCPListener
+	if err == nil {
+		health, healthTCP, err = openOr(ctx, passed, cfg.HealthBindAddress, cfg.HealthPort, "health server listener",
+			"--health-bind-address, --health-port", listenHealth, activatedHealthListener)
+	}
 	for _, ln := range passed {
-		switch port := listenPort(ln); {
-		case port == cfg.BindPort && lbTCP == nil:
-			lbTCP, err = ln, passedOn(ln, cfg.BindAddress, lbFlags)
-		case port == cfg.HealthPort && healthTCP == nil:
-			healthTCP, err = ln, passedOn(ln, cfg.HealthBindAddress, healthFlags)
-		default:
+		if err == nil && ln != lbTCP && ln != healthTCP {
 			err = fmt.Errorf("the socket passed on %s is on neither --bind-port %d nor --health-port %d", ln.Addr(), cfg.BindPort, cfg.HealthPort)
 		}
-		if err != nil {
-			break
-		}
-	}
-	var lb, health net.Listener
-	if err == nil {
-		lb, err = openOr(ctx, lbTCP, cfg.BindAddress, cfg.BindPort, "load balancer listener ("+lbFlags+")", listenTCP, activatedProxyListener)
-	}
-	if err == nil {
-		health, err = openOr(ctx, healthTCP, cfg.HealthBindAddress, cfg.HealthPort, "health server listener ("+healthFlags+")", listenHealth, activatedHealthListener)
 	}
 	if err != nil {
-		closeAll(passed)
-		if lb != nil {
-			_ = lb.Close()
-		}
+		closeAll(passed...)
+		closeAll(lb, health)
 		return sockets{}, err
 	}
 	return sockets{lb: newSteadyListener(lb, log.With("component", "proxy"), "", new(atomic.Int64)),
 		health: newSteadyListener(health, log, "health server ", new(atomic.Int64)), lbPassed: lbTCP != nil}, nil
 }
 
-// passedOn checks that ln, passed on a flag's port, is on host too when
-// host is an address: else the unit and the flags disagree.
-func passedOn(ln *net.TCPListener, host, flags string) error {
-	got, _ := netip.ParseAddrPort(ln.Addr().String())
-	if want, err := netip.ParseAddr(host); err == nil && want.Unmap() != got.Addr().Unmap() {
-		return fmt.Errorf("the socket passed on %s is not where %s say: %s", ln.Addr(), flags, net.JoinHostPort(host, strconv.Itoa(listenPort(ln))))
+// openOr adopts the first of passed on port, if any, and returns it as
+// adopted too, or opens a listener on host:port, what and flags naming it in
+// errors. A passed socket must be on host too when host is an address:
+// else the unit and the flags disagree.
+func openOr(ctx context.Context, passed []*net.TCPListener, host string, port int, what, flags string,
+	open func(context.Context, string) (net.Listener, error), adopt func(*net.TCPListener) net.Listener,
+) (ln net.Listener, adopted *net.TCPListener, err error) {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	for _, p := range passed {
+		if listenPort(p) != port {
+			continue
+		}
+		got, _ := netip.ParseAddrPort(p.Addr().String())
+		if want, err := netip.ParseAddr(host); err == nil && want.Unmap() != got.Addr().Unmap() {
+			return nil, nil, fmt.Errorf("the socket passed on %s is not where %s say: %s", p.Addr(), flags, addr)
+		}
+		return adopt(p), p, nil
 	}
-	return nil
-}
-
-// openOr adopts passed, if not nil, or opens a listener on host:port, what
-// naming it in errors.
-func openOr(ctx context.Context, passed *net.TCPListener, host string, port int, what string,
-	open func(context.Context, string) (net.Listener, error), adopt func(*net.TCPListener) net.Listener) (net.Listener, error) {
-	if passed != nil {
-		return adopt(passed), nil
+	if ln, err = open(ctx, addr); err != nil {
+		return nil, nil, fmt.Errorf("%s (%s): %w", what, flags, err)
 	}
-	ln, err := open(ctx, net.JoinHostPort(host, strconv.Itoa(port)))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	return ln, nil
+	return ln, nil, nil
 }
 
 const (

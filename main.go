@@ -207,7 +207,7 @@ func newDaemon(cfg *config, log *slog.Logger, s sockets, hangups <-chan os.Signa
 		check, pc.forget = rp.check, rp.forget
 	}
 	d := &daemon{cfg: cfg, log: log, reg: reg, heartbeat: newHeartbeat(cfg.LivenessThreshold), listen: s.lb.Addr().String(), hangups: hangups, sockets: s}
-	d.pool = newPool(log, m, pc, onFirstPass(check, d.openShared), sel)
+	d.pool = newPool(log, m, pc, d.openShared(check), sel)
 	limit, limitBy := maxConnections(openFilesLimit(), memoryLimit())
 	d.proxy, d.limitBy = newProxy(log.With("component", "proxy"), m, d.pool, cfg.HealthTimeout, limit), limitBy
 	d.lb.stalledSince = &d.proxy.stalledSince // the liveness beat reads it

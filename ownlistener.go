@@ -20,13 +20,10 @@ func (c *config) checkOwnListener() error {
 	if c.BindPort < 1 || c.BindPort > 65535 {
 		return nil // refused as such
 	}
-	var listens []netip.AddrPort
-	for _, ip := range hostAddrs(c.BindAddress) {
-		listens = append(listens, netip.AddrPortFrom(ip, uint16(c.BindPort)))
-	}
-	if _, own := splitOwn(c.Endpoints, listens, localAddrs()); len(own) > 0 {
+	listen := net.JoinHostPort(c.BindAddress, strconv.Itoa(c.BindPort))
+	if _, own := splitOwn(c.Endpoints, listen, localAddrs()); len(own) > 0 {
 		return flagError("endpoints", "must not name this proxy's own listener %s (%s, %s), which would make it its own upstream: %s",
-			net.JoinHostPort(c.BindAddress, strconv.Itoa(c.BindPort)), flagRef("bind-address"), flagRef("bind-port"), strings.Join(own, ", "))
+			listen, flagRef("bind-address"), flagRef("bind-port"), strings.Join(own, ", "))
 	}
 	return nil
 }
@@ -35,19 +32,18 @@ func (c *config) checkOwnListener() error {
 // listener at listen, warning of them.
 func withoutOwnListener(eps []string, listen string, log *slog.Logger) []string {
 	// The node's addresses are read each time: it may have gained one.
-	l, _ := netip.ParseAddrPort(listen) // an Addr's; the zero value matches none
-	kept, dropped := splitOwn(eps, []netip.AddrPort{l}, localAddrs())
+	kept, dropped := splitOwn(eps, listen, localAddrs())
 	if len(dropped) > 0 {
 		log.Warn("ignoring endpoints that are this proxy's own listener", "endpoints", dropped, "listen", listen)
 	}
 	return kept
 }
 
-// splitOwn splits eps into those that reach none of the listeners at
-// listens and those that reach one, keeping their order.
-func splitOwn(eps []string, listens []netip.AddrPort, local []netip.Addr) (kept, own []string) {
+// splitOwn splits eps into those that do not reach the listener at listen
+// and those that do, keeping their order.
+func splitOwn(eps []string, listen string, local []netip.Addr) (kept, own []string) {
 	for _, e := range eps {
-		if slices.ContainsFunc(listens, func(l netip.AddrPort) bool { return ownListener(e, l, local) }) {
+		if ownListener(e, listen, local) {
 			own = append(own, e)
 		} else {
 			kept = append(kept, e)
@@ -57,15 +53,19 @@ func splitOwn(eps []string, listens []netip.AddrPort, local []netip.Addr) (kept,
 }
 
 // ownListener reports whether dialling endpoint reaches the listener at
-// l. local are the addresses of this node's interfaces, which a wildcard
-// listener answers on too. A hostname other than localhost is not
-// resolved, and never reported.
-func ownListener(endpoint string, l netip.AddrPort, local []netip.Addr) bool {
+// listen, whose host is an IP address or localhost (any other reaches
+// nothing). local are the addresses of this node's interfaces, which a
+// wildcard listener answers on too. A hostname other than localhost is
+// not resolved, and never reported.
+func ownListener(endpoint, listen string, local []netip.Addr) bool {
 	host, port, err := net.SplitHostPort(endpoint)
-	if err != nil || port != strconv.Itoa(int(l.Port())) {
+	lhost, lport, lerr := net.SplitHostPort(listen)
+	if err != nil || lerr != nil || port != lport {
 		return false
 	}
-	return slices.ContainsFunc(hostAddrs(host), func(ip netip.Addr) bool { return reaches(ip, l.Addr().Unmap(), local) })
+	return slices.ContainsFunc(hostAddrs(host), func(ip netip.Addr) bool {
+		return slices.ContainsFunc(hostAddrs(lhost), func(l netip.Addr) bool { return reaches(ip, l, local) })
+	})
 }
 
 // reaches reports whether a connection to ip reaches a listener on listen,

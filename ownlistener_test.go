@@ -36,8 +36,7 @@ func TestOwnListener(t *testing.T) {
 		{"10.0.0.1:6443", "not an address", false},
 	}
 	for _, tt := range tests {
-		listen, _ := netip.ParseAddrPort(tt.listen) // the zero value when not an address
-		if got := ownListener(tt.endpoint, listen, local); got != tt.want {
+		if got := ownListener(tt.endpoint, tt.listen, local); got != tt.want {
 			t.Errorf("ownListener(%q, %q) = %v; want %v", tt.endpoint, tt.listen, got, tt.want)
 		}
 	}

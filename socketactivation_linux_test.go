@@ -90,7 +90,7 @@ func TestActivatedListeners(t *testing.T) {
 		if err != nil || len(lns) != 2 {
 			t.Fatalf("got %v, %v; want two listeners", lns, err)
 		}
-		closeAll(lns)
+		closeAll(lns...)
 		if lns[0].Addr().String() != a.Addr().String() || lns[1].Addr().String() != b.Addr().String() {
 			t.Errorf("addresses %v %v; want %v %v, in order", lns[0].Addr(), lns[1].Addr(), a.Addr(), b.Addr())
 		}

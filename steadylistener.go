@@ -53,10 +53,9 @@ type steadyListener struct {
 	stalledSince *atomic.Int64
 	retry        backoff // zero while Accept works; Accept's own
 
-	mu       sync.Mutex // guards open, changed and deadline
-	open     bool
-	changed  chan struct{} // closed at the next change of open
-	deadline time.Time     // that of the try after a failing Accept, applied while open
+	mu    sync.Mutex    // guards shut and the listener's deadline
+	shut  chan struct{} // nil while the gate is open; closed as it opens
+	shuts atomic.Int64  // how often the gate has shut, written under mu
 
 	closed    chan struct{} // closed by Close, to end a backoff or a wait
 	closeOnce sync.Once
@@ -64,13 +63,14 @@ type steadyListener struct {
 
 // newSteadyListener returns ln's accept loop, its gate open.
 func newSteadyListener(ln net.Listener, log *slog.Logger, what string, stalledSince *atomic.Int64) *steadyListener {
-	return &steadyListener{Listener: ln, log: log, what: what, stalledSince: stalledSince, open: true,
-		retry: backoff{first: acceptBackoffMin, limit: acceptBackoffMax}, changed: make(chan struct{}), closed: make(chan struct{})}
+	return &steadyListener{Listener: ln, log: log, what: what, stalledSince: stalledSince,
+		retry: backoff{first: acceptBackoffMin, limit: acceptBackoffMax}, closed: make(chan struct{})}
 }
 
 func (l *steadyListener) Accept() (net.Conn, error) {
 	for {
-		if !l.wait() {
+		shuts, ok := l.wait()
+		if !ok {
 			return nil, fmt.Errorf("accept on %s: %w", l.Addr(), net.ErrClosed)
 		}
 		c, err := l.Listener.Accept()
@@ -83,24 +83,21 @@ func (l *steadyListener) Accept() (net.Conn, error) {
 			return c, nil
 		case errors.Is(err, net.ErrClosed):
 			return nil, err
-		case errors.Is(err, os.ErrDeadlineExceeded) && l.shutSince():
-			// The gate shut: wait until it opens.
-		case l.retry.cur != 0 && errors.Is(err, os.ErrDeadlineExceeded):
-			// Accept waited instead of failing: it works again, even
-			// though no client has arrived to prove it.
-			l.recovered()
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// The gate shut, and wait holds the next try until it opens;
+			// or the try after a failing one waited instead of failing:
+			// Accept works again, even though no client has arrived to
+			// prove it.
+			if l.shuts.Load() == shuts {
+				l.recovered()
+			}
 		default:
 			if l.retry.cur == 0 {
 				l.stalledSince.Store(time.Now().UnixNano())
 				l.log.Error(l.what+"accept failing, backing off until it works again", "err", err)
 			}
-			// accept4 fails with EMFILE even with no client waiting, as
-			// it takes a descriptor first; a short deadline on the next
-			// try tells "works, nobody waiting" from "still out". Once
-			// closed, the next Accept says so.
-			if await(l.closed, l.retry.next()) {
-				l.setDeadline(time.Now().Add(acceptProbe))
-			}
+			// Once closed, the next Accept says so.
+			await(l.closed, l.retry.next())
 		}
 	}
 }
@@ -111,67 +108,58 @@ func (l *steadyListener) recovered() {
 		return
 	}
 	l.retry.reset()
-	l.setDeadline(time.Time{})
 	l.stalledSince.Store(0)
 	l.log.Info(l.what + "accepting again")
 }
 
-// set opens or shuts the gate; shutting it ends an Accept in progress.
+// set opens or shuts the gate; shutting it ends an Accept in progress, with
+// a deadline in the past.
 func (l *steadyListener) set(open bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.open = open
-	close(l.changed)
-	l.changed = make(chan struct{})
-	l.applyDeadline()
+	switch {
+	case open && l.shut != nil:
+		close(l.shut)
+		l.shut = nil
+	case !open && l.shut == nil:
+		l.shut = make(chan struct{})
+		l.shuts.Add(1)
+		setAcceptDeadline(l.Listener, time.Unix(1, 0))
+	}
 }
 
 func (l *steadyListener) isOpen() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.open
+	return l.shut == nil
 }
 
-// wait returns true once the gate is open, false once l is closed.
-func (l *steadyListener) wait() bool {
+// wait returns once the gate is open, with how often it has shut, having
+// set the deadline of the try: none while Accept works, acceptProbe after
+// it failed, as accept4 fails with EMFILE even with no client waiting, as
+// it takes a descriptor first; the short deadline tells "works, nobody
+// waiting" from "still out". ok is false once l is closed.
+func (l *steadyListener) wait() (shuts int64, ok bool) {
 	for {
 		l.mu.Lock()
-		open, changed := l.open, l.changed
+		shut := l.shut
+		if shut == nil {
+			var deadline time.Time
+			if l.retry.cur != 0 {
+				deadline = time.Now().Add(acceptProbe)
+			}
+			setAcceptDeadline(l.Listener, deadline)
+		}
+		shuts = l.shuts.Load()
 		l.mu.Unlock()
-		if open {
-			return true
+		if shut == nil {
+			return shuts, true
 		}
 		select {
-		case <-changed:
+		case <-shut:
 		case <-l.closed:
-			return false
+			return 0, false
 		}
-	}
-}
-
-// shutSince reports whether an Accept that ended at a deadline was ended by
-// set rather than by the try's own deadline, which has not passed.
-func (l *steadyListener) shutSince() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return !l.open || l.deadline.IsZero() || time.Now().Before(l.deadline)
-}
-
-// setDeadline sets the deadline of the tries after a failing Accept.
-func (l *steadyListener) setDeadline(t time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.deadline = t
-	l.applyDeadline()
-}
-
-// applyDeadline gives the listener the try's deadline while the gate is
-// open, one in the past while it is shut. l.mu must be held.
-func (l *steadyListener) applyDeadline() {
-	if l.open {
-		setAcceptDeadline(l.Listener, l.deadline)
-	} else {
-		setAcceptDeadline(l.Listener, time.Unix(1, 0))
 	}
 }
 
