@@ -31,16 +31,17 @@ type closeJob struct {
 	conns func(look func(*proxyConn) connLook) []*proxyConn
 	due   func(pc *proxyConn, now time.Time, look func() connLook) (bool, time.Time)
 	// The job ends at deadline, after limit closes, once over reports
-	// true (each if set), or, when once is set, when conns has nothing
-	// left to close. every, if set, bounds the wait between two looks: for
-	// connections conns gains, and for over, as nothing tells of either.
-	// flush closes what is left of conns at once when the closer stops
-	// (shutdown).
-	deadline    time.Time
-	limit       int
-	over        func() bool
-	once, flush bool
-	every       time.Duration
+	// true (each if set), or, without every, when conns has nothing left
+	// to close. every, if set, bounds the wait between two looks: for
+	// connections conns gains, and for over, as nothing tells of either;
+	// a job without it looks only when one of its connections is due, so
+	// with none left it would wait for nothing. When the closer stops
+	// (shutdown), what is left of a job's connections stays:
+	// pool.closeConns closes every connection then.
+	deadline time.Time
+	limit    int
+	over     func() bool
+	every    time.Duration
 	// closed, if set, is told of each close, for its log line. end, if
 	// set, runs when the job ends, unless the closer stops first. A job
 	// without conns closes nothing: it is a timed action (pool.arm).
@@ -78,7 +79,7 @@ func (c *closer) add(j *closeJob) *closeJob {
 	}
 	c.mu.Unlock()
 	if stopped {
-		j.stop()
+		close(j.done)
 	}
 	select {
 	case c.wake <- struct{}{}:
@@ -102,7 +103,7 @@ func (c *closer) run(ctx context.Context) {
 			c.jobs, c.stopped = nil, true
 			c.mu.Unlock()
 			for _, j := range jobs {
-				j.stop()
+				close(j.done)
 			}
 			return
 		case <-c.wake:
@@ -170,18 +171,7 @@ func (j *closeJob) run(now time.Time, looks map[*proxyConn]connLook) bool {
 			return true
 		}
 	}
-	return j.once && left == 0
-}
-
-// stop ends j as the closer stops: what is left of a flushing job's
-// connections closes at once, counted only where its end is not claimed.
-func (j *closeJob) stop() {
-	if j.flush && j.conns != nil {
-		for _, pc := range j.conns(lookAt) {
-			pc.closeFor(connEndShutdown)
-		}
-	}
-	close(j.done)
+	return j.every == 0 && left == 0
 }
 
 // earliest returns the earlier of a and b, ignoring a zero one.

@@ -86,7 +86,7 @@ type upstreamStatus struct {
 	RTTSeconds    *float64   `json:"rtt_seconds,omitempty"`
 	Tier          *int       `json:"tier,omitempty"` // latency mode
 	Connections   int        `json:"connections"`
-	// LongLived counts the connections older than pool.longLivedAge, which
+	// LongLived counts the connections pool.longLived counts, which
 	// the rebalancer spreads (see rebalance.go).
 	LongLived     int        `json:"long_lived_connections"`
 	Draining      bool       `json:"draining"`

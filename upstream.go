@@ -182,21 +182,12 @@ func (p *pool) stop(d *deadline) bool {
 	return pending
 }
 
-// stopDeadlinesLocked calls off every deadline of u. p.mu must be held.
-func (p *pool) stopDeadlinesLocked(u *upstream) {
-	p.stop(&u.drain)
-	p.stop(&u.evict)
-	p.stop(&u.sweep)
-}
-
-// close stops every probe and deadline and waits for them. It does not
-// close proxied connections; the proxy does that on shutdown.
+// close stops every probe and deadline and waits for them: a deadline
+// that comes due finds the pool closed and does nothing. It does not close
+// proxied connections; the proxy does that on shutdown.
 func (p *pool) close() {
 	p.mu.Lock()
 	p.closed = true
-	for _, u := range p.upstreams {
-		p.stopDeadlinesLocked(u)
-	}
 	p.unlock()
 	p.cancel()
 	p.wg.Wait()
@@ -280,7 +271,9 @@ func (p *pool) startDrainLocked(u *upstream) {
 // removeLocked takes u out of the pool, closes its remaining connections and
 // deletes its metric series.
 func (p *pool) removeLocked(u *upstream) {
-	p.stopDeadlinesLocked(u)
+	p.stop(&u.drain)
+	p.stop(&u.evict)
+	p.stop(&u.sweep)
 	u.h.state = upRemoved
 	delete(p.upstreams, u.addr)
 	u.closeConns(connEndDrain)
@@ -674,12 +667,8 @@ func (p *pool) startEvictionLocked(u *upstream) {
 		u.h.graceFrom = time.Now()
 	}
 	delay, w := p.cfg.drainTimeout-time.Since(u.h.graceFrom), p.spreadWindow()
-	switch {
-	case p.cfg.drainTimeout == 0 || delay <= 0:
-		p.evictLocked(u, 0)
-		return
-	case delay <= w: // the verdict came within the window: what is left of it
-		p.evictLocked(u, delay)
+	if delay <= w { // the verdict came within the window: what is left of it
+		p.evictLocked(u, max(delay, 0))
 		return
 	}
 	p.note(u, slog.LevelInfo, "upstream not ready while another is: closing its connections after the drain timeout",
