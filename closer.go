@@ -59,28 +59,24 @@ type closer struct {
 	jobs    []*closeJob
 	stopped bool
 	wake    chan struct{} // a job was added
-	// start starts run, once, with the first job: a pool that never
-	// closes a connection over time runs no goroutine for it.
-	start   func()
-	started sync.Once
+	// start starts run, once (a sync.OnceFunc), with the first job: a
+	// pool that never closes a connection over time runs no goroutine for
+	// it.
+	start func()
 }
-
-func newCloser(start func()) *closer { return &closer{wake: make(chan struct{}, 1), start: start} }
 
 // add starts j and returns it; j.done is closed when it ends, at once on a
 // stopped closer.
 func (c *closer) add(j *closeJob) *closeJob {
 	j.done = make(chan struct{})
-	c.started.Do(c.start)
+	c.start()
 	c.mu.Lock()
-	stopped := c.stopped
-	if !stopped {
-		c.jobs = append(c.jobs, j)
-	}
-	c.mu.Unlock()
-	if stopped {
+	defer c.mu.Unlock()
+	if c.stopped {
 		close(j.done)
+		return j
 	}
+	c.jobs = append(c.jobs, j)
 	select {
 	case c.wake <- struct{}{}:
 	default: // a wake-up is pending already
@@ -99,12 +95,11 @@ func (c *closer) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			c.mu.Lock()
-			jobs := c.jobs
-			c.jobs, c.stopped = nil, true
-			c.mu.Unlock()
-			for _, j := range jobs {
+			for _, j := range c.jobs {
 				close(j.done)
 			}
+			c.jobs, c.stopped = nil, true
+			c.mu.Unlock()
 			return
 		case <-c.wake:
 		case <-t.C:

@@ -112,11 +112,10 @@ func (p *pool) rebalanceOnce() {
 func (p *pool) rebalanceCandidates(now time.Time, look func(*proxyConn) connLook) (from, to *upstream, conns []*proxyConn) {
 	p.mu.Lock()
 	defer p.unlock()
-	if p.closed {
-		return nil, nil, nil
-	}
 	for _, u := range p.upstreams {
-		if u.h.state == upDraining || u.evicted || u.evict.pending() {
+		// A closed pool publishes nothing more, so with upstreams left it
+		// stops here, and without any it has no groups below.
+		if p.closed || u.h.state == upDraining || u.evicted || u.evict.pending() {
 			return nil, nil, nil
 		}
 	}

@@ -111,7 +111,7 @@ func (p *pool) describe(sources map[string][]string) []upstreamStatus {
 			Address: u.addr, Sources: append([]string{}, sources[u.addr]...),
 			State: u.h.state.word(), StateSince: timePtr(!u.shownSince.IsZero(), u.shownSince),
 			Healthy: u.h.healthy(), FailStreak: u.h.fails, Connections: len(u.conns), LongLived: len(p.longLived(u, now, lookAt)), Draining: u.h.state == upDraining,
-			DrainDeadline: timePtr(u.drain.pending(), u.drainDeadline),
+			DrainDeadline: timePtr(u.drain.pending(), u.shownSince.Add(p.cfg.drainTimeout)),
 			LastCheck:     timePtr(!u.lastCheck.IsZero(), u.lastCheck),
 		}
 		if b := u.h.base(); p.cfg.readyz && u.h.probed {

@@ -79,7 +79,7 @@ func (p *pool) setSuspectLocked(u *upstream) {
 		p.note(u, slog.LevelInfo, "upstream suspect: sweeping its connections", "connections", len(u.conns))
 		p.arm(&u.sweep, stalledAfter, func() { p.closeStalledLocked(u) })
 	} else {
-		p.stop(&u.sweep)
+		u.sweep.stop()
 	}
 	for pc := range u.conns {
 		setSweep(pc.upstream, u.h.suspect)
