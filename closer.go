@@ -31,16 +31,17 @@ type closeJob struct {
 	conns func(look func(*proxyConn) connLook) []*proxyConn
 	due   func(pc *proxyConn, now time.Time, look func() connLook) (bool, time.Time)
 	// The job ends at deadline, after limit closes, once over reports
-	// true (each if set), or, when once is set, when conns has nothing
-	// left to close. every, if set, bounds the wait between two looks: for
-	// connections conns gains, and for over, as nothing tells of either.
-	// flush closes what is left of conns at once when the closer stops
-	// (shutdown).
-	deadline    time.Time
-	limit       int
-	over        func() bool
-	once, flush bool
-	every       time.Duration
+	// true (each if set), or, without every, when conns has nothing left
+	// to close. every, if set, bounds the wait between two looks: for
+	// connections conns gains, and for over, as nothing tells of either;
+	// a job without it looks only when one of its connections is due, so
+	// with none left it would wait for nothing. When the closer stops
+	// (shutdown), what is left of a job's connections stays:
+	// pool.closeConns closes every connection then.
+	deadline time.Time
+	limit    int
+	over     func() bool
+	every    time.Duration
 	// closed, if set, is told of each close, for its log line. end, if
 	// set, runs when the job ends, unless the closer stops first. A job
 	// without conns closes nothing: it is a timed action (pool.arm).
@@ -58,28 +59,24 @@ type closer struct {
 	jobs    []*closeJob
 	stopped bool
 	wake    chan struct{} // a job was added
-	// start starts run, once, with the first job: a pool that never
-	// closes a connection over time runs no goroutine for it.
-	start   func()
-	started sync.Once
+	// start starts run, once (a sync.OnceFunc), with the first job: a
+	// pool that never closes a connection over time runs no goroutine for
+	// it.
+	start func()
 }
-
-func newCloser(start func()) *closer { return &closer{wake: make(chan struct{}, 1), start: start} }
 
 // add starts j and returns it; j.done is closed when it ends, at once on a
 // stopped closer.
 func (c *closer) add(j *closeJob) *closeJob {
 	j.done = make(chan struct{})
-	c.started.Do(c.start)
+	c.start()
 	c.mu.Lock()
-	stopped := c.stopped
-	if !stopped {
-		c.jobs = append(c.jobs, j)
+	defer c.mu.Unlock()
+	if c.stopped {
+		close(j.done)
+		return j
 	}
-	c.mu.Unlock()
-	if stopped {
-		j.stop()
-	}
+	c.jobs = append(c.jobs, j)
 	select {
 	case c.wake <- struct{}{}:
 	default: // a wake-up is pending already
@@ -98,12 +95,11 @@ func (c *closer) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			c.mu.Lock()
-			jobs := c.jobs
+			for _, j := range c.jobs {
+				close(j.done)
+			}
 			c.jobs, c.stopped = nil, true
 			c.mu.Unlock()
-			for _, j := range jobs {
-				j.stop()
-			}
 			return
 		case <-c.wake:
 		case <-t.C:
@@ -170,18 +166,7 @@ func (j *closeJob) run(now time.Time, looks map[*proxyConn]connLook) bool {
 			return true
 		}
 	}
-	return j.once && left == 0
-}
-
-// stop ends j as the closer stops: what is left of a flushing job's
-// connections closes at once, counted only where its end is not claimed.
-func (j *closeJob) stop() {
-	if j.flush && j.conns != nil {
-		for _, pc := range j.conns(lookAt) {
-			pc.closeFor(connEndShutdown)
-		}
-	}
-	close(j.done)
+	return j.every == 0 && left == 0
 }
 
 // earliest returns the earlier of a and b, ignoring a zero one.

@@ -76,26 +76,11 @@ func quietDue(_ *proxyConn, now time.Time, look func() connLook) (bool, time.Tim
 }
 
 // rebalanceLater has the closer look for a connection to move one period
-// from now; each look schedules the next when it ends, so the rebalancer
-// runs until the closer stops (shutdown, or the pool's close).
+// from now, varied by up to a quarter either way so a fleet's nodes do not
+// act together; each look schedules the next when it ends, so the
+// rebalancer runs until the closer stops (shutdown, or the pool's close).
 func (p *pool) rebalanceLater() {
-	p.closer.add(&closeJob{deadline: time.Now().Add(p.rebalanceDelay()), end: p.rebalanceOnce})
-}
-
-// longLivedAge is how old a connection must be to count: half a period
-// (without the rebalancer, of the default one). Short requests end long
-// before; the clients' watch connections last for hours. Periods are at
-// least three quarters of one apart, so the client of a connection closed
-// at one has reconnected and counts at the next: a longer age would hide
-// it, and the next period would close another for nothing.
-func (p *pool) longLivedAge() time.Duration {
-	return cmp.Or(p.cfg.rebalance, defaultRebalancePeriod) / 2
-}
-
-// rebalanceDelay is the period, varied by up to a quarter either way so a
-// fleet's nodes do not act together.
-func (p *pool) rebalanceDelay() time.Duration {
-	return jitter(p.cfg.rebalance, 0.25)
+	p.closer.add(&closeJob{deadline: time.Now().Add(jitter(p.cfg.rebalance, 0.25)), end: p.rebalanceOnce})
 }
 
 // rebalanceOnce closes at most one connection: the oldest long-lived one
@@ -103,7 +88,7 @@ func (p *pool) rebalanceDelay() time.Duration {
 // skew lasts.
 func (p *pool) rebalanceOnce() {
 	var from, to *upstream
-	p.closer.add(&closeJob{reason: connEndRebalance, due: p.cfg.quiet, deadline: time.Now().Add(rebalanceWait), limit: 1, once: true, end: p.rebalanceLater,
+	p.closer.add(&closeJob{reason: connEndRebalance, due: p.cfg.quiet, deadline: time.Now().Add(rebalanceWait), limit: 1, end: p.rebalanceLater,
 		conns: func(look func(*proxyConn) connLook) []*proxyConn {
 			var conns []*proxyConn
 			from, to, conns = p.rebalanceCandidates(time.Now(), look)
@@ -127,11 +112,10 @@ func (p *pool) rebalanceOnce() {
 func (p *pool) rebalanceCandidates(now time.Time, look func(*proxyConn) connLook) (from, to *upstream, conns []*proxyConn) {
 	p.mu.Lock()
 	defer p.unlock()
-	if p.closed {
-		return nil, nil, nil
-	}
 	for _, u := range p.upstreams {
-		if u.h.state == upDraining || u.evicted || u.evict.pending() {
+		// A closed pool publishes nothing more, so with upstreams left it
+		// stops here, and without any it has no groups below.
+		if p.closed || u.h.state == upDraining || u.evicted || u.evict.pending() {
 			return nil, nil, nil
 		}
 	}
@@ -175,16 +159,24 @@ func skewed(counts []int) (most, least int, ok bool) {
 	return most, least, counts[most] >= counts[least]+2
 }
 
-// longLived returns u's connections older than longLivedAge whose client
-// has spoken. One that never sent a byte is never quiet (see quietDue),
-// so it never closes: counted, a local process that piled such connections
-// on one upstream had the rebalancer close the real watches there, one per
-// period (issue 44). Where TCP_INFO cannot tell (outside Linux, no TCP
+// longLived returns u's connections older than half a period (see below)
+// whose client has spoken. One that never sent a byte is never quiet (see
+// quietDue), so it never closes: counted, a local process that piled such
+// connections on one upstream had the rebalancer close the real watches
+// there, one per period (issue 44). Where TCP_INFO cannot tell (outside Linux, no TCP
 // socket), a connection counts. p.mu must be held.
+//
+// The age that counts is half a period (without the rebalancer, of the
+// default one). Short requests end long before; the clients' watch
+// connections last for hours. Periods are at least three quarters of one
+// apart, so the client of a connection closed at one has reconnected and
+// counts at the next: a longer age would hide it, and the next period
+// would close another for nothing.
 func (p *pool) longLived(u *upstream, now time.Time, look func(*proxyConn) connLook) []*proxyConn {
 	var out []*proxyConn
+	age := cmp.Or(p.cfg.rebalance, defaultRebalancePeriod) / 2
 	for pc := range u.conns {
-		if now.Sub(pc.since) < p.longLivedAge() {
+		if now.Sub(pc.since) < age {
 			continue
 		}
 		if l := look(pc); l.spoke || !l.ok {

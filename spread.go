@@ -30,8 +30,9 @@ func (p *pool) spreadWindow() time.Duration {
 // moment of its own slot of it (in the map's random order), so one node's
 // closes are even and a fleet's are random; one connection waits too, as a
 // kubelet has one. A drain taken back or an upstream ready again stops the
-// closing. Shutdown (closeConns) and the pool's close end the wait and
-// close the rest at once. p.mu must be held.
+// closing: it goes on while u drains, or is evicted, as when it began.
+// Shutdown (closeConns) closes the rest at once; on a closed pool they close
+// at once. p.mu must be held.
 func (p *pool) closeSpreadLocked(u *upstream, window time.Duration, reason connEnd) {
 	conns := slices.Collect(maps.Keys(u.conns))
 	if window <= 0 || len(conns) == 0 || p.closed {
@@ -40,30 +41,19 @@ func (p *pool) closeSpreadLocked(u *upstream, window time.Duration, reason connE
 		}
 		return
 	}
-	at := spreadMoments(conns, time.Now(), window)
-	p.closer.add(&closeJob{reason: reason, once: true, flush: true,
-		conns: func(func(*proxyConn) connLook) []*proxyConn { return conns },
-		due: func(pc *proxyConn, now time.Time, _ func() connLook) (bool, time.Time) {
-			return !now.Before(at[pc]), at[pc]
-		},
-		over: func() bool { return !p.stillClosing(u) }})
-}
-
-// spreadMoments gives each of conns a random moment of its own slot of
-// window from start.
-func spreadMoments(conns []*proxyConn, start time.Time, window time.Duration) map[*proxyConn]time.Time {
-	slot := window / time.Duration(len(conns))
+	start, slot := time.Now(), window/time.Duration(len(conns))
 	at := make(map[*proxyConn]time.Time, len(conns))
 	for i, pc := range conns {
 		at[pc] = start.Add(time.Duration(i)*slot + rand.N(slot)) //nolint:gosec // spreading needs no unpredictability
 	}
-	return at
-}
-
-// stillClosing reports whether u's connections are still to be closed: it
-// drains, or is evicted, as when the closing began.
-func (p *pool) stillClosing(u *upstream) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return u.h.state >= upDraining || u.evicted
+	p.closer.add(&closeJob{reason: reason,
+		conns: func(func(*proxyConn) connLook) []*proxyConn { return conns },
+		due: func(pc *proxyConn, now time.Time, _ func() connLook) (bool, time.Time) {
+			return !now.Before(at[pc]), at[pc]
+		},
+		over: func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return u.h.state < upDraining && !u.evicted
+		}})
 }

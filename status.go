@@ -86,7 +86,7 @@ type upstreamStatus struct {
 	RTTSeconds    *float64   `json:"rtt_seconds,omitempty"`
 	Tier          *int       `json:"tier,omitempty"` // latency mode
 	Connections   int        `json:"connections"`
-	// LongLived counts the connections older than pool.longLivedAge, which
+	// LongLived counts the connections pool.longLived counts, which
 	// the rebalancer spreads (see rebalance.go).
 	LongLived     int        `json:"long_lived_connections"`
 	Draining      bool       `json:"draining"`
@@ -113,7 +113,7 @@ func (p *pool) describe(sources map[string][]string) []upstreamStatus {
 			Healthy: u.h.healthy(), FailStreak: u.h.fails,
 			RTTSeconds: ptrIf(u.hasRTT, u.rtt.Seconds()), Tier: ptrIf(u.hasTier, u.tier),
 			Connections: len(u.conns), LongLived: len(p.longLived(u, now, lookAt)),
-			Draining: u.h.state == upDraining, DrainDeadline: ptrIf(u.drain.pending(), u.drainDeadline.UTC()),
+			Draining: u.h.state == upDraining, DrainDeadline: ptrIf(u.drain.pending(), u.shownSince.Add(p.cfg.drainTimeout).UTC()),
 			LastCheck: ptrIf(!u.lastCheck.IsZero(), u.lastCheck.UTC()),
 		}
 		if b := u.h.base(); p.cfg.readyz && u.h.probed {

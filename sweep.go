@@ -72,18 +72,17 @@ func setSweep(c net.Conn, on bool) {
 // setSuspectLocked switches u's sockets to the sweep's settings when u has
 // turned suspect, and back when it is not any more. p.mu must be held.
 func (p *pool) setSuspectLocked(u *upstream) {
-	suspect := u.h.suspect
 	if !p.cfg.sweep {
 		return
 	}
-	if suspect {
+	if u.h.suspect {
 		p.note(u, slog.LevelInfo, "upstream suspect: sweeping its connections", "connections", len(u.conns))
 		p.arm(&u.sweep, stalledAfter, func() { p.closeStalledLocked(u) })
 	} else {
-		p.stop(&u.sweep)
+		u.sweep.stop()
 	}
 	for pc := range u.conns {
-		setSweep(pc.upstream, suspect)
+		setSweep(pc.upstream, u.h.suspect)
 	}
 }
 

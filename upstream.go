@@ -52,23 +52,14 @@ type upstream struct {
 	hasTier, hasRTT bool
 	// evicted is set once its connections were closed while unready, until
 	// it is ready again.
-	evicted       bool
-	drainDeadline time.Time
-	conns         map[*proxyConn]struct{}
-	stopProbes    context.CancelFunc
+	evicted    bool
+	conns      map[*proxyConn]struct{}
+	stopProbes context.CancelFunc
 
 	// The three deadlines of an upstream, one mechanism (see pool.arm): the
-	// end of its drain, the closing of its connections while it is unready
+	// end of its drain (drainTimeout after shownSince, when it began), the closing of its connections while it is unready
 	// and another is ready, and the sweep's look at stalled connections.
 	drain, evict, sweep deadline
-}
-
-// closeConns force-closes every connection of u for reason. pool.mu must
-// be held.
-func (u *upstream) closeConns(reason connEnd) {
-	for pc := range u.conns {
-		pc.closeFor(reason)
-	}
 }
 
 // poolConfig holds the timing the pool applies to every upstream.
@@ -139,7 +130,8 @@ func newPool(log *slog.Logger, m *metrics, cfg poolConfig, check checkFunc, sel 
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &pool{log: log, m: m, cfg: cfg, check: check, sel: sel, ctx: ctx, cancel: cancel, upstreams: map[string]*upstream{}}
 	p.closeCtx, p.stopClosing = context.WithCancel(ctx)
-	p.closer = newCloser(func() { p.wg.Go(func() { p.closer.run(p.closeCtx) }) })
+	run := func() { p.wg.Go(func() { p.closer.run(p.closeCtx) }) }
+	p.closer = &closer{wake: make(chan struct{}, 1), start: sync.OnceFunc(run)}
 	p.snap.Store(&snapshot{})
 	if cfg.rebalance > 0 {
 		if p.cfg.quiet == nil {
@@ -155,11 +147,17 @@ type deadline struct{ j *closeJob }
 
 func (d *deadline) pending() bool { return d.j != nil }
 
+// stop calls d off and reports whether it was pending. p.mu must be held.
+func (d *deadline) stop() (pending bool) {
+	pending, d.j = d.j != nil, nil
+	return pending
+}
+
 // arm has the closer run fn with p.mu held after delay, unless stop calls
-// it off or the pool closes first. p.mu must be held. A job called off
-// stays with the closer until its time and then does nothing.
+// it off, arm replaces it, or the pool closes first. p.mu must be held. A
+// job called off stays with the closer until its time and then does
+// nothing.
 func (p *pool) arm(d *deadline, delay time.Duration, fn func()) {
-	p.stop(d)
 	if p.closed {
 		return // close has stopped the others and may be waiting already
 	}
@@ -175,18 +173,11 @@ func (p *pool) arm(d *deadline, delay time.Duration, fn func()) {
 	d.j = p.closer.add(j)
 }
 
-// stop calls d off and reports whether it was pending. p.mu must be held.
-func (p *pool) stop(d *deadline) bool {
-	pending := d.j != nil
-	d.j = nil
-	return pending
-}
-
 // stopDeadlinesLocked calls off every deadline of u. p.mu must be held.
-func (p *pool) stopDeadlinesLocked(u *upstream) {
-	p.stop(&u.drain)
-	p.stop(&u.evict)
-	p.stop(&u.sweep)
+func (u *upstream) stopDeadlinesLocked() {
+	u.drain.stop()
+	u.evict.stop()
+	u.sweep.stop()
 }
 
 // close stops every probe and deadline and waits for them. It does not
@@ -195,7 +186,7 @@ func (p *pool) close() {
 	p.mu.Lock()
 	p.closed = true
 	for _, u := range p.upstreams {
-		p.stopDeadlinesLocked(u)
+		u.stopDeadlinesLocked()
 	}
 	p.unlock()
 	p.cancel()
@@ -215,7 +206,7 @@ func (p *pool) update(addrs []string) {
 			p.addLocked(addr)
 		} else if u.h.state == upDraining {
 			u.h.state = u.h.resume
-			p.stop(&u.drain)
+			u.drain.stop()
 			p.startProbesLocked(u)
 			p.note(u, slog.LevelInfo, "upstream re-added, drain aborted", "connections", len(u.conns))
 		}
@@ -257,11 +248,9 @@ func (p *pool) startDrainLocked(u *upstream) {
 	u.h.resume, u.h.state = u.h.state, upDraining
 	u.stopProbes()
 	if len(u.conns) == 0 || p.cfg.drainTimeout == 0 {
-		p.note(u, slog.LevelInfo, "upstream removed", "connections_closed", len(u.conns))
-		p.removeLocked(u)
+		p.removeLocked(u, "upstream removed", "connections_closed", len(u.conns))
 		return
 	}
-	u.drainDeadline = time.Now().Add(p.cfg.drainTimeout)
 	p.note(u, slog.LevelInfo, "upstream draining", "connections", len(u.conns), "timeout", p.cfg.drainTimeout)
 	w := p.spreadWindow()
 	p.arm(&u.drain, p.cfg.drainTimeout-w, func() {
@@ -270,20 +259,22 @@ func (p *pool) startDrainLocked(u *upstream) {
 			p.closeSpreadLocked(u, w, connEndDrain)
 		}
 		p.arm(&u.drain, w, func() {
-			p.note(u, slog.LevelInfo, "drain timeout expired, closing connections", "connections", len(u.conns))
-			p.removeLocked(u)
+			p.removeLocked(u, "drain timeout expired, closing connections", "connections", len(u.conns))
 			p.publishLocked()
 		})
 	})
 }
 
-// removeLocked takes u out of the pool, closes its remaining connections and
-// deletes its metric series.
-func (p *pool) removeLocked(u *upstream) {
-	p.stopDeadlinesLocked(u)
+// removeLocked logs msg with args, takes u out of the pool, closes its
+// remaining connections and deletes its metric series.
+func (p *pool) removeLocked(u *upstream, msg string, args ...any) {
+	p.note(u, slog.LevelInfo, msg, args...)
+	u.stopDeadlinesLocked()
 	u.h.state = upRemoved
 	delete(p.upstreams, u.addr)
-	u.closeConns(connEndDrain)
+	for pc := range u.conns {
+		pc.closeFor(connEndDrain)
+	}
 	clear(u.conns)
 	p.m.forgetUpstream(u.addr)
 }
@@ -583,8 +574,7 @@ func (p *pool) detach(u *upstream, pc *proxyConn) {
 		u.connGauge.Dec()
 	}
 	if u.h.state == upDraining && len(u.conns) == 0 {
-		p.note(u, slog.LevelInfo, "upstream drained")
-		p.removeLocked(u)
+		p.removeLocked(u, "upstream drained")
 		p.publishLocked()
 	}
 }
@@ -596,7 +586,9 @@ func (p *pool) closeConns() {
 	p.mu.Lock()
 	defer p.unlock()
 	for _, u := range p.upstreams {
-		u.closeConns(connEndShutdown)
+		for pc := range u.conns {
+			pc.closeFor(connEndShutdown)
+		}
 	}
 }
 
@@ -645,7 +637,7 @@ func (p *pool) updateEvictionsLocked(all []*upstream, ready int) {
 		want := u.h.state == upNotReady && ready > 0
 		switch {
 		case !want:
-			if p.stop(&u.evict) {
+			if u.evict.stop() {
 				p.note(u, slog.LevelInfo, "closing of connections called off")
 			}
 			u.evicted = false
@@ -674,12 +666,8 @@ func (p *pool) startEvictionLocked(u *upstream) {
 		u.h.graceFrom = time.Now()
 	}
 	delay, w := p.cfg.drainTimeout-time.Since(u.h.graceFrom), p.spreadWindow()
-	switch {
-	case p.cfg.drainTimeout == 0 || delay <= 0:
-		p.evictLocked(u, 0)
-		return
-	case delay <= w: // the verdict came within the window: what is left of it
-		p.evictLocked(u, delay)
+	if delay <= w { // the verdict came within the window: what is left of it
+		p.evictLocked(u, max(delay, 0))
 		return
 	}
 	p.note(u, slog.LevelInfo, "upstream not ready while another is: closing its connections after the drain timeout",

@@ -416,7 +416,7 @@ func TestDeadlineRunsAfterDelayWithLockHeld(t *testing.T) {
 
 		arm(10 * time.Second)
 		tp.mu.Lock()
-		stopped, again := tp.stop(&d), tp.stop(&d)
+		stopped, again := d.stop(), d.stop()
 		tp.unlock()
 		if !stopped || again {
 			t.Errorf("stop of a pending deadline, then again: got %v, %v; want true, false", stopped, again)
