@@ -57,8 +57,9 @@ type upstream struct {
 	stopProbes context.CancelFunc
 
 	// The three deadlines of an upstream, one mechanism (see pool.arm): the
-	// end of its drain (drainTimeout after shownSince, when it began), the closing of its connections while it is unready
-	// and another is ready, and the sweep's look at stalled connections.
+	// end of its drain (drainTimeout after shownSince, when it began), the
+	// closing of its connections while it is unready and another is ready,
+	// and the sweep's look at stalled connections.
 	drain, evict, sweep deadline
 }
 
