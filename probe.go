@@ -92,6 +92,7 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		case <-u.recheck:
 		}
 		start := time.Now()
+		p.probing(u)
 		checkCtx, cancel := context.WithTimeout(ctx, p.cfg.timeout) // each check has its own deadline
 		res := p.check(checkCtx, u.addr)
 		cancel()
@@ -99,7 +100,10 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		if ctx.Err() != nil {
 			return // stopped mid-check: the result says nothing about u
 		}
-		next := jitter(p.cfg.interval, p.cfg.jitter) // no jitter: interval itself
+		// Jitter only shortens an interval, so the first probe after an
+		// API server starts failing /readyz comes at most one interval
+		// after it. Without jitter: interval itself.
+		next := p.cfg.interval - time.Duration(rand.Int64N(int64(float64(p.cfg.interval)*p.cfg.jitter)+1)) //nolint:gosec // spreading needs no unpredictability
 		if checks == 0 && p.cfg.jitter != 0 {
 			next = time.Duration(rand.Int64N(int64(p.cfg.interval)) + 1) //nolint:gosec // spreading needs no unpredictability
 		}
@@ -107,6 +111,7 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 			// Out of descriptors here: blaming u would mark every
 			// upstream dead at once. Try again next interval.
 			u.log.Warn("health check skipped: local resources exhausted", "err", cmp.Or(res.err, res.notReady))
+			p.probeSkipped(u)
 		} else if p.reportCheck(u, res) && p.cfg.quickRecheck > 0 {
 			next = min(p.cfg.quickRecheck-time.Since(start), next)
 		}

@@ -53,13 +53,14 @@ func (p *pool) lastResort(tried []*upstream) *upstream {
 }
 
 // readyFirstLocked narrows the healthy candidates to the ready ones while
-// any is ready, and among those to the ones without a failed connect since
-// their last probe while any is; with none ready, every healthy one stays,
+// any is ready, and among those to the ones without a failed probe or
+// connect since their last passed probe, nor a probe slower than
+// slowProbe under way, while any is; with none ready, every healthy one stays,
 // so losing quorum everywhere degrades to tcp. It updates the evictions.
 func (p *pool) readyFirstLocked(all, candidates []*upstream) []*upstream {
 	ready := slices.DeleteFunc(slices.Clone(candidates), func(u *upstream) bool { return !u.h.ready() })
 	p.updateEvictionsLocked(all, len(ready))
-	if settled := slices.DeleteFunc(slices.Clone(ready), func(u *upstream) bool { return u.h.state != upReady }); len(settled) > 0 {
+	if settled := slices.DeleteFunc(slices.Clone(ready), func(u *upstream) bool { return u.h.state != upReady || u.h.slow }); len(settled) > 0 {
 		return settled
 	}
 	if len(ready) > 0 {

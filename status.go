@@ -117,7 +117,7 @@ func (p *pool) describe(sources map[string][]string) []upstreamStatus {
 			LastCheck: ptrIf(!u.lastCheck.IsZero(), u.lastCheck.UTC()),
 		}
 		if b := u.h.base(); p.cfg.readyz && u.h.probed {
-			st.Ready, st.ReadyPending, st.AwaitingProbe = new(u.h.ready()), b == upPending || b == upUnhealthy, b == upAwaitingProbe
+			st.Ready, st.ReadyPending, st.AwaitingProbe = new(u.h.ready()), b == upPending || b == upUnhealthy, b == upAwaitingProbe || u.h.slow
 		}
 		if u.lastErr != nil && !u.lastErrAt.Before(u.lastGood) {
 			st.LastError, st.LastErrorAt = displayText(u.lastErr.Error()), new(u.lastErrAt.UTC())

@@ -59,8 +59,9 @@ type upstream struct {
 	// The three deadlines of an upstream, one mechanism (see pool.arm): the
 	// end of its drain (drainTimeout after shownSince, when it began), the
 	// closing of its connections while it is unready and another is ready,
-	// and the sweep's look at stalled connections.
-	drain, evict, sweep deadline
+	// and the sweep's look at stalled connections. slow marks a probe
+	// slower than slowProbe (see probing).
+	drain, evict, sweep, slow deadline
 }
 
 // poolConfig holds the timing the pool applies to every upstream.
@@ -72,7 +73,7 @@ type poolConfig struct {
 	interval, timeout, drainTimeout, quickRecheck time.Duration
 	// jitter spreads the checks of a fleet started together: the check
 	// after the first comes at a random point of the interval, and each
-	// interval after it varies by up to this fraction either way (see
+	// interval after it is shortened by up to this fraction (see
 	// probeLoop); 0 keeps the checks exactly interval apart.
 	jitter float64
 	// sweep: see sweep.go. readyz: readiness is part of selection, and
@@ -179,6 +180,7 @@ func (u *upstream) stopDeadlinesLocked() {
 	u.drain.stop()
 	u.evict.stop()
 	u.sweep.stop()
+	u.slow.stop()
 }
 
 // close stops every probe and deadline and waits for them. It does not
@@ -294,6 +296,7 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 	if res.err == nil && res.notReady == nil {
 		u.lastGood = u.lastCheck
 	}
+	wasSlow := u.probedLocked()
 	if u.h.state >= upDraining {
 		return false // checks stop while draining; the state holds until removal
 	}
@@ -302,13 +305,52 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 	}
 	// A new sample may move tiers and the hedge delay: every success
 	// publishes too.
-	if p.applyLocked(u, res) || res.err == nil {
+	if p.applyLocked(u, res) || res.err == nil || wasSlow {
 		p.publishLocked()
 	}
 	if res.err != nil {
 		return u.h.healthy()
 	}
 	return p.cfg.readyz && res.notReady != nil && u.h.ready()
+}
+
+// slowProbe is how long a readyz probe of a ready upstream may go
+// unanswered before new connections prefer the others, as after a failed
+// probe (a deliberate difference). An API server that lost etcd answers
+// /readyz from its last check, at most a second old, and hangs the one
+// probe that draws the next check: a probe that hangs is the first sign.
+// A healthy one answers in a round trip and a millisecond or two.
+const slowProbe = 50 * time.Millisecond
+
+// probing arms u's slow mark for a probe starting now; reportCheck ends it.
+func (p *pool) probing(u *upstream) {
+	if !p.cfg.readyz {
+		return
+	}
+	p.mu.Lock()
+	defer p.unlock()
+	p.arm(&u.slow, slowProbe, func() {
+		if u.h.state == upReady {
+			u.h.slow = true
+			p.publishLocked()
+		}
+	})
+}
+
+// probeSkipped ends u's slow mark for a probe whose result is not used.
+func (p *pool) probeSkipped(u *upstream) {
+	p.mu.Lock()
+	defer p.unlock()
+	if u.probedLocked() {
+		p.publishLocked()
+	}
+}
+
+// probedLocked ends u's slow mark and reports whether it was set.
+func (u *upstream) probedLocked() (wasSlow bool) {
+	u.slow.stop()
+	wasSlow, u.h.slow = u.h.slow, false
+	return wasSlow
 }
 
 // reportDial applies a failed client dial to u, a failed connect for
@@ -372,9 +414,10 @@ type health struct {
 	resume state // the state a drain taken back returns to
 	fails  int   // failed connects in a row
 	// probeFails counts failed probes in a row; probed is set once a probe
-	// has run, so upstream_ready is exported.
-	probeFails int
-	probed     bool
+	// has run, so upstream_ready is exported. slow is set while a probe of
+	// a ready upstream is slower than slowProbe (see probing).
+	probeFails   int
+	probed, slow bool
 	// suspect is set from a failed connect until a success may restore it;
 	// its sockets then use the sweep's settings (see sweep.go). restored is
 	// when it last turned healthy or stopped being suspect.

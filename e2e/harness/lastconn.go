@@ -21,11 +21,7 @@ const (
 	// from the victim's first failed /readyz to its last new connection
 	// there: the 100 ms.
 	lastConnSlack = 100 * time.Millisecond
-	// daemonProbeJitter is the daemon's probeJitter (probe.go): each
-	// probe interval is varied by up to a tenth either way, so one
-	// interval is up to 5.5 s at the chart's 5 s.
-	daemonProbeJitter = 0.1
-	mDials            = "extractedprism_upstream_dial_duration_seconds_count"
+	mDials        = "extractedprism_upstream_dial_duration_seconds_count"
 )
 
 // lastConn is what watchLastConn saw of the victim.
@@ -144,26 +140,18 @@ func (rr *rowRun) lastDialTo(ctx context.Context, addr string) (time.Time, int) 
 
 // reportLastConn notes the victim's first failed /readyz and the time
 // from it to the daemon's last new connection there (X); with readyz it
-// asserts X <= one probe interval (the daemon's longest, with the jitter)
-// plus half of --health-timeout plus lastConnSlack, plus dialPollEvery
-// for the scrape that saw the dial.
-//
-// Why half the timeout: the API server runs its etcd check for at most
-// one /readyz a second and answers the others from the last result, so
-// for its first seconds without quorum its answers hang or pass by turns,
-// and the daemon's first probe after its answers turn may be the one that
-// draws the check and hangs: the daemon fails it at half its time
-// (keptprobe.go). Two runs measured X 5.6 s, at the one interval
-// plus 100 ms with the jitter; one that asked again on a fresh connection
-// after the hang, and got a cached pass there, measured 7.2 s.
+// asserts X <= one probe interval plus lastConnSlack, plus dialPollEvery
+// for the scrape that saw the dial. The daemon's jitter only shortens an
+// interval, and a probe that hangs (the API server runs its etcd check
+// for at most one /readyz a second, and the probe that draws it waits)
+// turns new connections away after 50 ms (upstream.go's slowProbe).
 func (rr *rowRun) reportLastConn(victim string, lc lastConn) {
 	s := rr.settings()
 	readyz := rr.row.Mode.HealthCheck == "readyz"
-	interval := time.Duration(float64(s.HealthInterval) * (1 + daemonProbeJitter))
-	bound := interval + s.HealthTimeout/2 + lastConnSlack + dialPollEvery
+	bound := s.HealthInterval + lastConnSlack + dialPollEvery
 	if readyz {
-		rr.asserts(fmt.Sprintf("first failed /readyz of the victim -> the daemon's last new connection to it <= one probe interval (%s with the jitter) + half --health-timeout + %s (+ %s, the metrics poll): %s",
-			interval, lastConnSlack, dialPollEvery, bound))
+		rr.asserts(fmt.Sprintf("first failed /readyz of the victim -> the daemon's last new connection to it <= one probe interval (%s) + %s (+ %s, the metrics poll): %s",
+			s.HealthInterval, lastConnSlack, dialPollEvery, bound))
 	}
 	if lc.firstFailed.IsZero() {
 		if readyz {
