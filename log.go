@@ -219,11 +219,10 @@ func (b *backoff) next() time.Duration {
 // reset starts the next failure over from first.
 func (b *backoff) reset() { b.cur = 0 }
 
-// jitter returns d varied at random by up to frac of it either way, so that
+// jitter returns d varied at random by up to spread either way, so that
 // the nodes of a fleet do not act in lockstep.
-func jitter(d time.Duration, frac float64) time.Duration {
-	spread := int64(float64(d) * frac)
-	return d - time.Duration(spread) + time.Duration(rand.Int64N(2*spread+1)) //nolint:gosec // spreading needs no unpredictability
+func jitter(d, spread time.Duration) time.Duration {
+	return d - spread + rand.N(2*spread+1) //nolint:gosec // spreading needs no unpredictability
 }
 
 // startLogging returns the daemon's logger, writing through a logSink to

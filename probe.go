@@ -103,7 +103,8 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		// Jitter only shortens an interval, so the first probe after an
 		// API server starts failing /readyz comes at most one interval
 		// after it. Without jitter: interval itself.
-		next := p.cfg.interval - time.Duration(rand.Int64N(int64(float64(p.cfg.interval)*p.cfg.jitter)+1)) //nolint:gosec // spreading needs no unpredictability
+		spread := time.Duration(float64(p.cfg.interval) * p.cfg.jitter / 2)
+		next := jitter(p.cfg.interval-spread, spread)
 		if checks == 0 && p.cfg.jitter != 0 {
 			next = time.Duration(rand.Int64N(int64(p.cfg.interval)) + 1) //nolint:gosec // spreading needs no unpredictability
 		}

@@ -80,7 +80,7 @@ func quietDue(_ *proxyConn, now time.Time, look func() connLook) (bool, time.Tim
 // act together; each look schedules the next when it ends, so the
 // rebalancer runs until the closer stops (shutdown, or the pool's close).
 func (p *pool) rebalanceLater() {
-	p.closer.add(&closeJob{deadline: time.Now().Add(jitter(p.cfg.rebalance, 0.25)), end: p.rebalanceOnce})
+	p.closer.add(&closeJob{deadline: time.Now().Add(jitter(p.cfg.rebalance, p.cfg.rebalance/4)), end: p.rebalanceOnce})
 }
 
 // rebalanceOnce closes at most one connection: the oldest long-lived one
