@@ -56,10 +56,10 @@ type upstream struct {
 	conns      map[*proxyConn]struct{}
 	stopProbes context.CancelFunc
 
-	// The three deadlines of an upstream, one mechanism (see pool.arm): the
-	// end of its drain (drainTimeout after shownSince, when it began), the
+	// The deadlines of an upstream, one mechanism (see pool.arm): the end
+	// of its drain (drainTimeout after shownSince, when it began), the
 	// closing of its connections while it is unready and another is ready,
-	// and the sweep's look at stalled connections. slow marks a probe
+	// the sweep's look at stalled connections, and the mark of a probe
 	// slower than slowProbe (see probing).
 	drain, evict, sweep, slow deadline
 }
