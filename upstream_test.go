@@ -68,6 +68,12 @@ func (f *fakeChecks) setUnready(addr string, unready bool) {
 	f.unready[addr] = unready
 }
 
+func (f *fakeChecks) setDelay(addr string, d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.delay[addr] = d
+}
+
 func (f *fakeChecks) set(addr string, fail bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -945,7 +951,7 @@ func TestSlowProbeIsAFirstSign(t *testing.T) {
 			cfg := defaultTestPool
 			cfg.readyz = readyz
 			tp := poolOf(t, cfg, a, b)
-			tp.checks.delay[a] = time.Second // set before a's next check, at 20 s
+			tp.checks.setDelay(a, time.Second) // before a's next check, at 20 s
 			for i, unready := range []bool{false, true} {
 				tp.checks.setUnready(a, unready)
 				// The next check starts an interval after the last ended.
@@ -967,6 +973,25 @@ func TestSlowProbeIsAFirstSign(t *testing.T) {
 			}
 		})
 	}
+}
+
+// When every ready upstream's probe is slow at once, as on a daemon starved
+// of CPU, none is preferred and every one still takes new connections.
+func TestSlowProbesEverywhereStillPick(t *testing.T) {
+	const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
+	synctest.Test(t, func(t *testing.T) {
+		tp := poolOf(t, readyzTestPool, a, b)
+		tp.checks.setDelay(a, time.Second)
+		tp.checks.setDelay(b, time.Second)
+		time.Sleep(20*time.Second + 3*slowProbe)
+		synctest.Wait()
+		if h := tp.health(a); !h.slow || !tp.health(b).slow {
+			t.Fatalf("both probes under way for %s: slow marks %v and %v; want both set", 3*slowProbe, h.slow, tp.health(b).slow)
+		}
+		if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
+			t.Errorf("both probes slow: picks %v; want both", got)
+		}
+	})
 }
 
 func TestReadinessFiltersBeforeLatencyTiers(t *testing.T) {
