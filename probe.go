@@ -92,7 +92,7 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		case <-u.recheck:
 		}
 		start := time.Now()
-		p.probing(u)
+		p.probing(u, true)
 		checkCtx, cancel := context.WithTimeout(ctx, p.cfg.timeout) // each check has its own deadline
 		res := p.check(checkCtx, u.addr)
 		cancel()
@@ -112,7 +112,7 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 			// Out of descriptors here: blaming u would mark every
 			// upstream dead at once. Try again next interval.
 			u.log.Warn("health check skipped: local resources exhausted", "err", cmp.Or(res.err, res.notReady))
-			p.probeSkipped(u)
+			p.probing(u, false)
 		} else if p.reportCheck(u, res) && p.cfg.quickRecheck > 0 {
 			next = min(p.cfg.quickRecheck-time.Since(start), next)
 		}

@@ -322,28 +322,27 @@ func (p *pool) reportCheck(u *upstream, res checkResult) (confirm bool) {
 // A healthy one answers in a round trip and a millisecond or two.
 const slowProbe = 50 * time.Millisecond
 
-// probing arms u's slow mark for a probe starting now; reportCheck ends it.
-func (p *pool) probing(u *upstream) {
+// probing arms u's slow mark for a probe starting now (started), or ends
+// it for a probe whose result is dropped; reportCheck ends it for the
+// others.
+func (p *pool) probing(u *upstream, started bool) {
 	if !p.cfg.readyz {
 		return
 	}
 	p.mu.Lock()
 	defer p.unlock()
+	if !started {
+		if u.probedLocked() {
+			p.publishLocked()
+		}
+		return
+	}
 	p.arm(&u.slow, slowProbe, func() {
 		if u.h.state == upReady {
 			u.h.slow = true
 			p.publishLocked()
 		}
 	})
-}
-
-// probeSkipped ends u's slow mark for a probe whose result is not used.
-func (p *pool) probeSkipped(u *upstream) {
-	p.mu.Lock()
-	defer p.unlock()
-	if u.probedLocked() {
-		p.publishLocked()
-	}
 }
 
 // probedLocked ends u's slow mark and reports whether it was set.

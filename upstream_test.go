@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -31,6 +32,7 @@ type fakeChecks struct {
 	fail    map[string]bool
 	block   map[string]bool
 	delay   map[string]time.Duration
+	err     error // what a failing check returns; errCheck when nil
 	callsAt map[string][]time.Time
 	rtt     map[string]time.Duration // connect time reported; 1ms when unset
 	readyz  bool                     // report /readyz probe results
@@ -53,7 +55,7 @@ func (f *fakeChecks) check(ctx context.Context, addr string) checkResult {
 		return checkResult{err: ctx.Err()}
 	}
 	if fail {
-		return checkResult{err: errCheck}
+		return checkResult{err: cmp.Or(f.err, errCheck)}
 	}
 	res := checkResult{rtt: cmp.Or(rtt, time.Millisecond), probed: f.readyz}
 	if f.readyz && unready {
@@ -990,6 +992,34 @@ func TestSlowProbesEverywhereStillPick(t *testing.T) {
 		}
 		if got := picks(tp.pool, 400); got[a] < 100 || got[b] < 100 {
 			t.Errorf("both probes slow: picks %v; want both", got)
+		}
+	})
+}
+
+// A slow probe whose result is dropped (local exhaustion, see probeLoop)
+// ends its slow mark all the same: the upstream is preferred again at once,
+// not after its next probe.
+func TestSlowProbeSkippedEndsItsMark(t *testing.T) {
+	const a, b = "10.0.0.1:6443", "10.0.0.2:6443"
+	synctest.Test(t, func(t *testing.T) {
+		tp := poolOf(t, readyzTestPool, a, b)
+		tp.checks.setDelay(a, time.Second)
+		tp.checks.mu.Lock()
+		tp.checks.err = syscall.EMFILE
+		tp.checks.mu.Unlock()
+		tp.checks.set(a, true)
+		time.Sleep(20*time.Second + 3*slowProbe)
+		synctest.Wait()
+		if !tp.health(a).slow {
+			t.Fatalf("a's probe under way for %s: not marked slow", 3*slowProbe)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if h := tp.health(a); h.slow || h.state != upReady {
+			t.Errorf("after a's skipped probe: %s, slow %v; want ready, not slow", h.state.word(), h.slow)
+		}
+		if got := picks(tp.pool, 400); got[a] < 100 {
+			t.Errorf("after a's skipped probe: picks %v; want a among them", got)
 		}
 	})
 }
