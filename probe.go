@@ -92,7 +92,12 @@ func (p *pool) probeLoop(ctx context.Context, u *upstream) {
 		case <-u.recheck:
 		}
 		start := time.Now()
-		p.probing(u, true)
+		if checks > 0 {
+			// The first check is of an upstream just added, which is not
+			// ready yet, or taken back from a drain: it gets no slow mark,
+			// and the loop's start stays off the pool's lock.
+			p.probing(u, true)
+		}
 		checkCtx, cancel := context.WithTimeout(ctx, p.cfg.timeout) // each check has its own deadline
 		res := p.check(checkCtx, u.addr)
 		cancel()
